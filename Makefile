@@ -1,0 +1,39 @@
+# The two commands: `make demo` (train on 2 processes) and `make test`.
+# Both install first when needed; scripts/install.sh holds every version pin.
+VENV   ?= .venv
+NP     ?= 2
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hvdkit-installed
+DEMO_ARGS ?= --dataset digits
+PYTEST_ARGS ?=
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install install-gpu demo test test-unit test-multiproc env clean
+
+install: $(STAMP)
+
+$(STAMP): scripts/install.sh scripts/patches/*.patch pyproject.toml
+	HVDKIT_VENV=$(VENV) bash scripts/install.sh --cpu
+
+install-gpu:
+	HVDKIT_VENV=$(VENV) bash scripts/install.sh --gpu
+
+demo: $(STAMP)
+	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(BIN)/python examples/pytorch_mnist.py $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
+test-multiproc: $(STAMP)
+	$(BIN)/python -m pytest -m multiproc $(PYTEST_ARGS)
+
+env: $(STAMP)
+	$(BIN)/hvdkit env
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

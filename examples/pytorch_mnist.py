@@ -1,0 +1,113 @@
+"""Train the classic MNIST convnet data-parallel with hvdkit + Horovod.
+
+    horovodrun -np 2 -H localhost:2 python examples/pytorch_mnist.py                   # digits, offline
+    horovodrun -np 4 -H server1:2,server2:2 python examples/pytorch_mnist.py --dataset mnist --data-dir /data/mnist
+    python examples/pytorch_mnist.py --epochs 1                                         # 1 process works too
+
+Every line that differs from the single-process script is marked `# hvdkit:`.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import hvdkit.torch as hk  # hvdkit:
+from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
+
+
+class Net(nn.Module):
+    """conv 1->32 k3, conv 32->64 k3 + Dropout2d, fc 64*5*5->500, fc 500->10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.conv2_drop = nn.Dropout2d(0.25)
+        self.fc1 = nn.Linear(64 * 5 * 5, 500)
+        self.fc2 = nn.Linear(500, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)                    # 28 -> 26 -> 13
+        x = F.max_pool2d(F.relu(self.conv2_drop(self.conv2(x))), 2)    # 13 -> 11 -> 5
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", choices=DATASETS, default="digits")
+    p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=32, help="per process")
+    p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
+    p.add_argument("--warmup-epochs", type=float, default=2)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--checkpoint", default=None, help="save here after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
+    log = hk.get_logger(ctx.rank, ctx.size)  # hvdkit:
+    try:
+        data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}")
+    train_set = TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))
+    test_set = TensorDataset(torch.from_numpy(data.x_test).unsqueeze(1), torch.from_numpy(data.y_test))
+    train_loader = hk.distributed_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)  # hvdkit: shard
+    test_loader = hk.eval_loader(test_set, batch_size=256)  # hvdkit: unpadded shard for exact accuracy
+
+    model = Net().to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
+    optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
+    start_epoch = 0
+    if args.resume and args.checkpoint:
+        start_epoch = hk.load_checkpoint(args.checkpoint, model, optimizer)["epoch"] + 1  # hvdkit: rank 0 reads
+    else:
+        hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
+    scheduler = hk.warmup_scheduler(optimizer, int(args.warmup_epochs * len(train_loader)))  # hvdkit:
+    for _ in range(start_epoch * len(train_loader)):
+        scheduler.step()
+
+    if ctx.is_main:  # hvdkit:
+        log.info(f"{args.dataset}: {len(train_set)} train / {len(test_set)} test samples, "
+                 f"{ctx.size} processes x batch {args.batch_size}, lr {hk.scale_lr(args.lr):g}")
+    start = time.time()
+    for epoch in range(start_epoch, args.epochs):
+        model.train()
+        train_loader.sampler.set_epoch(epoch)  # hvdkit: a new shuffle each epoch, same on all ranks
+        for x, y in hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}"):  # hvdkit:
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+        train_loss = hk.metric_average(loss.item(), "train_loss")  # hvdkit: mean over ranks
+        metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
+        if ctx.is_main:  # hvdkit:
+            log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
+                     f"test accuracy {metrics['accuracy']:.2%} ({metrics['count']} samples)")
+        if args.checkpoint:
+            hk.save_checkpoint(args.checkpoint, model, optimizer, epoch=epoch)  # hvdkit: rank 0 writes
+
+    if ctx.is_main:  # hvdkit:
+        elapsed = time.time() - start
+        log.info(f"final test accuracy {metrics['accuracy']:.2%} in {elapsed:.1f}s")
+        if args.json:
+            print(json.dumps({"dataset": args.dataset, "size": ctx.size, "epochs": args.epochs,
+                              "test_accuracy": metrics["accuracy"], "test_loss": metrics["loss"],
+                              "test_count": metrics["count"], "seconds": round(elapsed, 2)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from hvdkit.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""`hvdkit` entry point: builds the parser from the subcommand modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hvdkit import __version__
+from hvdkit.cli import env as env_cmd
+
+SUBCOMMANDS = (env_cmd,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hvdkit", description="Horovod data-parallel training for PyTorch and Keras."
+    )
+    parser.add_argument("--version", action="version", version=f"hvdkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+# Framework-neutral core: imports neither torch nor tensorflow.

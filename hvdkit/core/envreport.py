@@ -1,0 +1,205 @@
+"""The environment report behind `hvdkit env`: versions and Horovod build flags.
+
+Example::
+
+    from hvdkit.core.envreport import collect, render_text
+    print(render_text(collect()))
+
+Nothing here imports torch or tensorflow: package versions come from their
+metadata, Horovod's build flags from a probe subprocess
+(:mod:`hvdkit.core.horovod_probe`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import hvdkit
+
+# Report name -> distributions that provide it (first installed one wins).
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"),
+    "keras": ("keras",),
+    "tf_keras": ("tf-keras",),
+    "horovod": ("horovod",),
+    "mpi4py": ("mpi4py",),
+    "numpy": ("numpy",),
+}
+
+PROBE_TIMEOUT_S = 120
+
+
+@dataclass
+class HorovodBuild:
+    """How the installed Horovod was compiled (what `horovodrun --check-build` shows)."""
+
+    version: str
+    frameworks: dict[str, bool]
+    controllers: dict[str, bool]
+    tensor_operations: dict[str, bool]
+    nccl_version: str | None = None
+    cuda_built: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EnvReport:
+    hvdkit: str
+    python: str
+    python_executable: str
+    platform: str
+    packages: dict[str, str | None]
+    torch_cuda: str | None
+    horovod: HorovodBuild | None
+    horovod_error: str | None
+    mpi: str | None
+    gpus: list[str]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def package_version(names: tuple[str, ...]) -> str | None:
+    """Version of the first installed distribution among ``names``, else None."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def torch_cuda_version() -> str | None:
+    """CUDA version torch was built with, read from torch/version.py without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            match = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*'([^']+)'", f.read(), re.M)
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def mpi_version() -> str | None:
+    """First line of ``mpirun --version`` (e.g. "mpirun (Open MPI) 4.1.4"), None without MPI."""
+    if shutil.which("mpirun") is None:
+        return None
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    return lines[0] if lines else None
+
+
+def gpu_names() -> list[str]:
+    """One "index: name (driver X)" line per GPU via nvidia-smi; empty on CPU hosts."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [r.split(", ") for r in out.stdout.strip().splitlines() if r.strip()]
+    return [f"{r[0]}: {r[1]} (driver {r[2]})" for r in rows if len(r) == 3]
+
+
+def parse_probe(payload: dict) -> tuple[HorovodBuild | None, str | None]:
+    """Turn the probe's JSON into a HorovodBuild, or (None, reason)."""
+    if not payload.get("installed"):
+        return None, payload.get("error", "horovod is not installed")
+    if "controllers" not in payload:
+        errors = payload.get("errors") or {}
+        detail = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no framework extension was built"
+        return None, f"horovod {payload.get('version')} is installed but unusable ({detail})"
+    return HorovodBuild(
+        version=payload["version"],
+        frameworks=payload["frameworks"],
+        controllers=payload["controllers"],
+        tensor_operations=payload["tensor_operations"],
+        nccl_version=payload.get("nccl_version"),
+        cuda_built=payload.get("cuda_built", False),
+        errors=payload.get("errors") or {},
+    ), None
+
+
+def probe_horovod(python: str = sys.executable) -> tuple[HorovodBuild | None, str | None]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        out = subprocess.run(
+            [python, "-m", "hvdkit.core.horovod_probe"],
+            capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"probing horovod took over {PROBE_TIMEOUT_S}s"
+    try:
+        return parse_probe(json.loads(out.stdout))
+    except json.JSONDecodeError:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"horovod probe failed: {tail}"
+
+
+def collect() -> EnvReport:
+    """Gather the report for this interpreter (takes a few seconds: it imports Horovod in a subprocess)."""
+    build, error = probe_horovod()
+    return EnvReport(
+        hvdkit=hvdkit.__version__,
+        python=platform.python_version(),
+        python_executable=sys.executable,
+        platform=platform.platform(),
+        packages={name: package_version(dists) for name, dists in PACKAGES.items()},
+        torch_cuda=torch_cuda_version(),
+        horovod=build,
+        horovod_error=error,
+        mpi=mpi_version(),
+        gpus=gpu_names(),
+    )
+
+
+def _marks(flags: dict[str, bool]) -> str:
+    return "  ".join(f"[{'X' if on else ' '}] {name}" for name, on in flags.items())
+
+
+def render_text(report: EnvReport) -> str:
+    """Human-readable report, in the spirit of `horovodrun --check-build`."""
+    lines = [
+        f"hvdkit      {report.hvdkit}",
+        f"python      {report.python} ({report.python_executable})",
+        f"platform    {report.platform}",
+    ]
+    for name, version in report.packages.items():
+        lines.append(f"{name:<11} {version or 'not installed'}")
+    lines.append(f"torch CUDA  {report.torch_cuda or 'none (CPU build)'}")
+    lines.append(f"MPI         {report.mpi or 'not found'}")
+    lines.append(f"GPUs        {', '.join(report.gpus) if report.gpus else 'none visible'}")
+    hb = report.horovod
+    if hb is None:
+        lines.append(f"horovod     NOT USABLE: {report.horovod_error}")
+    else:
+        lines += [
+            f"horovod     {hb.version}",
+            f"  frameworks         {_marks(hb.frameworks)}",
+            f"  controllers        {_marks(hb.controllers)}",
+            f"  tensor operations  {_marks(hb.tensor_operations)}",
+            f"  NCCL               {hb.nccl_version or 'not built'}",
+        ]
+        for name, err in hb.errors.items():
+            lines.append(f"  warning: {name} extension failed to load: {err}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Ask the installed Horovod how it was built; prints one JSON object.
+
+Run as ``python -m hvdkit.core.horovod_probe``. It lives in its own process so
+that the report never imports a framework into the caller, and a broken
+extension (the classic "undefined symbol" after a framework upgrade) shows up
+as an error string instead of a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+
+# Frameworks Horovod can be built for, with the extension library each loads.
+EXTENSIONS = {
+    "tensorflow": ("horovod.tensorflow", "mpi_lib"),
+    "torch": ("horovod.torch", "mpi_lib_v2"),
+    "mxnet": ("horovod.mxnet", "mpi_lib"),
+}
+
+
+def probe() -> dict:
+    try:
+        import horovod
+        from horovod.common.util import get_extension_full_path
+    except ImportError as exc:
+        return {"installed": False, "error": str(exc)}
+
+    root = os.path.dirname(horovod.__file__)
+    frameworks = {}
+    for name, (module, lib) in EXTENSIONS.items():
+        pkg_dir = os.path.join(root, module.split(".")[1])
+        frameworks[name] = os.path.exists(get_extension_full_path(os.path.join(pkg_dir, "x.py"), lib))
+
+    result = {"installed": True, "version": horovod.__version__, "frameworks": frameworks}
+    # Controllers and tensor operations are compiled into every extension
+    # alike; ask the lightest one that exists (torch imports faster than TF).
+    for name in ("torch", "tensorflow", "mxnet"):
+        if not frameworks[name]:
+            continue
+        try:
+            ext = importlib.import_module(EXTENSIONS[name][0])
+            nccl = int(ext.nccl_built())
+            result.update(
+                controllers={"mpi": bool(ext.mpi_built()), "gloo": bool(ext.gloo_built())},
+                tensor_operations={
+                    "nccl": bool(nccl),
+                    "ddl": bool(ext.ddl_built()),
+                    "ccl": bool(ext.ccl_built()),
+                    "mpi": bool(ext.mpi_built()),
+                    "gloo": bool(ext.gloo_built()),
+                },
+                nccl_version=_nccl_version_string(nccl) if nccl else None,
+                cuda_built=bool(ext.cuda_built()),
+                probed_with=name,
+            )
+            break
+        except Exception as exc:  # report, don't crash: this is a diagnostic tool
+            result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _nccl_version_string(code: int) -> str:
+    """NCCL_VERSION_CODE is major*10000 + minor*100 + patch since NCCL 2.9."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+if __name__ == "__main__":
+    json.dump(probe(), sys.stdout)

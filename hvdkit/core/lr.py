@@ -1,0 +1,54 @@
+"""Learning-rate rules for data-parallel training (Horovod step 5).
+
+The linear scaling rule: with N workers each taking batch B, the effective batch
+is N*B, so the learning rate is scaled by N (Goyal et al., "Accurate, Large
+Minibatch SGD", 2017). A large scaled rate diverges early in training, so it is
+reached by a gradual warmup from the single-worker rate over the first steps.
+
+Example::
+
+    lr = scale_lr(0.01, size=8)                     # 0.08
+    warmup_lr(step=0, warmup_steps=100, base_lr=0.01, target_lr=lr)   # 0.01
+"""
+
+from __future__ import annotations
+
+
+def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int | None = None,
+             on_gpu: bool = False) -> float:
+    """The learning rate for ``size`` workers under the linear scaling rule.
+
+    With ``op="adasum"`` Horovod's guidance differs: Adasum adapts to the
+    gradients, so the rate is scaled by the GPUs of one host (``local_size``,
+    which share a node-local NCCL reduction) on GPU, and not at all on CPU.
+    """
+    if base_lr <= 0:
+        raise ValueError(f"base_lr must be positive, got {base_lr}: pass the single-worker learning rate")
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}: call init() before scale_lr()")
+    op = op.lower()
+    if op == "average":
+        return base_lr * size
+    if op == "sum":
+        # Summed gradients already grow with size; scaling the rate too would square it.
+        return base_lr
+    if op == "adasum":
+        if not on_gpu:
+            return base_lr
+        if local_size is None:
+            raise ValueError("op='adasum' on GPU needs local_size: pass hvd.local_size()")
+        return base_lr * local_size
+    raise ValueError(f"unknown op {op!r}: use 'average', 'sum' or 'adasum'")
+
+
+def warmup_lr(step: int, warmup_steps: int, base_lr: float, target_lr: float) -> float:
+    """Linear warmup from ``base_lr`` at step 0 to ``target_lr`` at ``warmup_steps``, then flat.
+
+    Steps are batches, so the rate rises smoothly within an epoch rather than
+    jumping at epoch boundaries (Goyal et al. ramp per iteration).
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if warmup_steps == 0 or step >= warmup_steps:
+        return target_lr
+    return base_lr + (target_lr - base_lr) * step / warmup_steps

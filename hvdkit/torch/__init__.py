@@ -1,0 +1,30 @@
+"""hvdkit.torch: Horovod's six steps for PyTorch, done correctly.
+
+    import hvdkit.torch as hk
+    ctx = hk.init(seed=42)                                        # 1, 2
+    model = Net().to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9)   # 5
+    optimizer = hk.DistributedOptimizer(optimizer, model)         # 3
+    hk.broadcast_state(model, optimizer)                          # 4
+    ...
+    hk.save_checkpoint("ckpt.pt", model, optimizer, epoch=epoch)  # 6 (rank 0 only)
+
+Launch with ``horovodrun -np 2 python train.py``.
+"""
+
+from hvdkit.core.console import get_logger, progress
+from hvdkit.torch._horovod import hvd
+from hvdkit.torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hvdkit.torch.context import Context, current, init, seed_everything
+from hvdkit.torch.data import (
+    ResumableDistributedSampler, ShardSampler, allreduce_sum, distributed_loader, eval_loader,
+    evaluate, metric_average,
+)
+from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
+
+__all__ = [
+    "CheckpointError", "Context", "DistributedOptimizer", "ResumableDistributedSampler", "ShardSampler",
+    "allreduce_sum", "broadcast_state", "current", "distributed_loader", "eval_loader", "evaluate",
+    "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
+    "scale_lr", "seed_everything", "step", "warmup_scheduler",
+]

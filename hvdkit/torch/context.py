@@ -1,0 +1,97 @@
+"""Steps 1 and 2: initialise Horovod and pin this process to its device.
+
+Example::
+
+    import hvdkit.torch as hk
+    ctx = hk.init(seed=42)
+    model = Net().to(ctx.device)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hvdkit.torch._horovod import hvd
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process sits in the job; returned by :func:`init`."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that logs, evaluates summaries and writes checkpoints."""
+        return self.rank == 0
+
+
+_context: Context | None = None
+
+
+def init(seed: int | None = None, threads: int | None = None) -> Context:
+    """Initialise Horovod, pin the GPU of the local rank (or use the CPU), set threads and seeds.
+
+    ``seed`` seeds Python, numpy and torch with ``seed + rank`` (see
+    :func:`seed_everything`); the model still starts identical on every rank
+    because :func:`broadcast_state` copies rank 0's weights.
+    ``threads`` is the intra-op thread count; by default the host's cores are
+    shared among its local ranks so that N processes don't each spawn a
+    thread per core and thrash (unless OMP_NUM_THREADS is set).
+    """
+    global _context
+    hvd.init()
+    local_rank, local_size = hvd.local_rank(), hvd.local_size()
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()  # already filtered by CUDA_VISIBLE_DEVICES
+        if local_rank >= visible:
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU: this host runs {local_size} processes but "
+                f"{visible} GPU(s) are visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
+            )
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if threads is None and "OMP_NUM_THREADS" not in os.environ and device.type == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    _context = Context(
+        rank=hvd.rank(), size=hvd.size(), local_rank=local_rank, local_size=local_size,
+        cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), device=device,
+    )
+    if seed is not None:
+        seed_everything(seed, rank=_context.rank)
+    return _context
+
+
+def current() -> Context:
+    """The context made by :func:`init`; a clear error if it was not called."""
+    if _context is None or not hvd.is_initialized():
+        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top of your script")
+    return _context
+
+
+def seed_everything(seed: int, rank: int | None = None) -> int:
+    """Seed Python, numpy and torch with ``seed + rank`` so ranks draw different dropout/augmentation.
+
+    Returns the seed used. Pass ``rank=0`` for the same stream on every rank.
+    """
+    effective = seed + (current().rank if rank is None else rank)
+    random.seed(effective)
+    np.random.seed(effective % 2**32)
+    torch.manual_seed(effective)
+    return effective

@@ -1,0 +1,131 @@
+"""Data sharding and exact distributed evaluation.
+
+Example::
+
+    train_loader = hk.distributed_loader(train_set, batch_size=64, shuffle=True)
+    test_loader = hk.eval_loader(test_set, batch_size=256)
+    for epoch in range(epochs):
+        train_loader.sampler.set_epoch(epoch)   # a new shuffle each epoch, the same on every rank
+        ...
+    metrics = hk.evaluate(model, test_loader)   # {"loss", "accuracy", "count"} over the whole test set
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from hvdkit.torch._horovod import hvd
+from hvdkit.torch.context import current
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """DistributedSampler that can start mid-epoch: ``set_epoch(epoch, start_batch=k)``.
+
+    Every rank must resume at the same (epoch, batch) to see exactly the
+    samples it would have seen without the interruption.
+    """
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, shuffle: bool,
+                 seed: int, drop_last: bool, batch_size: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                         seed=seed, drop_last=drop_last)
+        self.batch_size = batch_size
+        self.start_index = 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        super().set_epoch(epoch)
+        self.start_index = start_batch * self.batch_size
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        return iter(indices[self.start_index:])
+
+    def __len__(self) -> int:
+        return max(self.num_samples - self.start_index, 0)
+
+
+def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                       drop_last: bool = False, num_workers: int = 0, pin_memory: bool | None = None,
+                       **loader_kwargs) -> DataLoader:
+    """A DataLoader over this rank's shard (1/size of the data), ``batch_size`` per rank.
+
+    Call ``loader.sampler.set_epoch(epoch)`` each epoch. Workers persist
+    across epochs when ``num_workers > 0``; memory is pinned when training on GPU.
+    """
+    ctx = current()
+    sampler = ResumableDistributedSampler(dataset, num_replicas=ctx.size, rank=ctx.rank, shuffle=shuffle,
+                                          seed=seed, drop_last=drop_last, batch_size=batch_size)
+    if pin_memory is None:
+        pin_memory = ctx.device.type == "cuda"
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                      pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
+
+
+class ShardSampler(Sampler[int]):
+    """Indices rank, rank+size, ... with no padding: shards differ by at most one sample.
+
+    DistributedSampler pads the last shard with repeated samples so every rank
+    has the same count; that is right for training and wrong for evaluation,
+    where the repeats are counted twice.
+    """
+
+    def __init__(self, length: int, rank: int, size: int):
+        self.indices = list(range(rank, length, size))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def eval_loader(dataset: Dataset, batch_size: int, **loader_kwargs) -> DataLoader:
+    """A DataLoader over this rank's unpadded evaluation shard (see :class:`ShardSampler`)."""
+    ctx = current()
+    return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), ctx.rank, ctx.size),
+                      **loader_kwargs)
+
+
+def allreduce_sum(values: list[float] | torch.Tensor, name: str) -> torch.Tensor:
+    """Sum a small vector of numbers over all ranks, in float64 so counts stay exact."""
+    tensor = torch.as_tensor(values, dtype=torch.float64).cpu()
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+
+
+def metric_average(value: float | torch.Tensor, name: str) -> float:
+    """The mean of a scalar over all ranks (each rank weighs the same).
+
+    For a mean over samples when shards differ in size, sum the totals and the
+    counts with :func:`allreduce_sum` instead; :func:`evaluate` does that.
+    """
+    tensor = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
+    return hvd.allreduce(tensor, op=hvd.Average, name=name).item()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entropy) -> dict[str, float]:
+    """Loss and accuracy over the whole dataset behind ``loader``'s shards, exact across ranks.
+
+    Each rank sums loss and correct predictions over its shard; the sums and
+    counts are added over ranks, so the result equals a single-process pass.
+    """
+    device = current().device
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64)      # loss sum, correct, count
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        totals[0] += loss_fn(out, y, reduction="sum").item()
+        totals[1] += (out.argmax(dim=1) == y).sum().item()
+        totals[2] += y.numel()
+    model.train(was_training)
+    loss_sum, correct, count = allreduce_sum(totals, name="hvdkit.evaluate").tolist()
+    if count == 0:
+        return {"loss": math.nan, "accuracy": math.nan, "count": 0}
+    return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}

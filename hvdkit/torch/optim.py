@@ -1,0 +1,166 @@
+"""Steps 3-5: wrap the optimizer, broadcast the initial state, scale the learning rate.
+
+Example::
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9)
+    optimizer = hk.DistributedOptimizer(optimizer, model)
+    hk.broadcast_state(model, optimizer)
+    scheduler = hk.warmup_scheduler(optimizer, warmup_steps=len(loader) * 5)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hvdkit.core import lr as core_lr
+from hvdkit.torch._horovod import hvd
+from hvdkit.torch.context import current
+
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+
+
+def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
+    # Horovod builds a subclass on the fly, named _DistributedOptimizer (or _DistributedAdasumOptimizer).
+    return type(optimizer).__name__.startswith("_Distributed") and type(optimizer).__module__.startswith("horovod.")
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
+                         compression: str = "none", backward_passes_per_step: int = 1,
+                         op: str = "average", gradient_predivide_factor: float = 1.0,
+                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+    """Step 3: average gradients across ranks with Horovod's ring-allreduce.
+
+    ``model`` supplies parameter names (so Horovod's tensor names match on all
+    ranks) and is checked against the optimizer: every parameter the
+    optimizer updates must belong to it and sit on this rank's device.
+    ``backward_passes_per_step=k`` accumulates k local backward passes before
+    one allreduce (gradient accumulation). ``compression="fp16"`` halves the
+    bytes on the wire.
+    """
+    ctx = current()
+    if _is_wrapped(optimizer):
+        raise ValueError("optimizer is already a Horovod DistributedOptimizer: wrap the plain torch optimizer once")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}: "
+                        "create the optimizer first, then pass it to DistributedOptimizer(optimizer, model)")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
+                        "call DistributedOptimizer(optimizer, model)")
+    try:
+        op_value, compression_value = _OPS[op.lower()], _COMPRESSION[compression.lower()]
+    except KeyError:
+        raise ValueError(f"op={op!r}, compression={compression!r}: op is one of {sorted(_OPS)}, "
+                         f"compression one of {sorted(_COMPRESSION)}") from None
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in names:
+                raise ValueError(
+                    f"the optimizer updates a parameter of shape {tuple(p.shape)} that is not in the model: "
+                    "build the optimizer from this model's parameters (after model.to(device)) and pass the same model"
+                )
+            if p.device.type != ctx.device.type or (p.device.index or 0) != (ctx.device.index or 0):
+                raise ValueError(
+                    f"parameter {names[id(p)]!r} is on {p.device} but this rank's device is {ctx.device}: "
+                    "call model.to(ctx.device) before creating the optimizer"
+                )
+    return hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression_value,
+        backward_passes_per_step=backward_passes_per_step,
+        op=op_value,
+        gradient_predivide_factor=gradient_predivide_factor,
+        sparse_as_dense=sparse_as_dense,
+    )
+
+
+def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    root_rank: int = 0) -> None:
+    """Step 4: copy rank 0's parameters, buffers and optimizer state to every rank.
+
+    Buffers matter (BatchNorm running statistics are not parameters). The
+    optimizer state goes as one object: Horovod's own broadcast_optimizer_state
+    initialises an empty state by running a zero-gradient step(), which
+    advances Adam's step counter and applies weight decay, so the first real
+    step would differ from a single-process run.
+    """
+    current()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
+    if optimizer is None:
+        return
+    state = optimizer.state_dict() if hvd.rank() == root_rank else None
+    state = hvd.broadcast_object(_to_cpu(state), root_rank=root_rank, name="hvdkit.optimizer_state")
+    if hvd.rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def scale_lr(base_lr: float, op: str = "average") -> float:
+    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; see :func:`hvdkit.core.lr.scale_lr`)."""
+    ctx = current()
+    return core_lr.scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size,
+                            on_gpu=ctx.device.type == "cuda")
+
+
+def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-batch gradual warmup to the optimizer's (already scaled) rate, from that rate / size.
+
+    Call ``scheduler.step()`` after every ``optimizer.step()``.
+    """
+    size = current().size
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: core_lr.warmup_lr(step, warmup_steps, 1.0 / size, 1.0)
+    )
+
+
+def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, *, scaler=None,
+         max_grad_norm: float | None = None) -> None:
+    """backward + (unscale, clip) + step in the order Horovod needs; the AMP one-liner.
+
+    With a ``torch.amp.GradScaler`` or gradient clipping, gradients must be
+    averaged (``synchronize()``) before they are unscaled or clipped, and the
+    step must then not average again (``skip_synchronize()``)::
+
+        scaler.scale(loss).backward()
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+
+    Intended for ``backward_passes_per_step=1``; with accumulation, call
+    ``loss.backward()`` per micro-batch and ``optimizer.step()`` yourself.
+    """
+    if scaler is None and max_grad_norm is None:
+        loss.backward()
+        optimizer.step()
+        return
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    optimizer.synchronize()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    with optimizer.skip_synchronize():
+        if scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+    if scaler is not None:
+        scaler.update()

@@ -1,0 +1,89 @@
+"""Shared test helpers: launching real horovodrun/mpirun jobs with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+WORKERS = ROOT / "tests" / "multiproc" / "workers"
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        # Fail, never skip: a missing launcher is a broken install, not an optional feature.
+        pytest.fail(f"{name} not found next to {sys.executable}: run scripts/install.sh (make install)")
+    return str(path)
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    env.update(extra)
+    return env
+
+
+def run_job(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a launcher in its own process group; on timeout kill the whole group and fail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env or job_env(), start_new_session=True, cwd=ROOT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"job timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def horovodrun_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[str]:
+    """`horovodrun -np N -H localhost:N --gloo|--mpi python ...` on this interpreter."""
+    if controller not in ("gloo", "mpi"):
+        raise ValueError(f"controller must be gloo or mpi, got {controller!r}")
+    return [_tool("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, *argv]
+
+
+def mpirun_cmd(np: int, argv: list[str]) -> list[str]:
+    """Plain `mpirun -np N python ...` (as root it needs --allow-run-as-root)."""
+    flags = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", *flags, "--oversubscribe", "-np", str(np), "-x", "PYTHONPATH", "-x", "PATH",
+            "-x", "TF_CPP_MIN_LOG_LEVEL", sys.executable, *argv]
+
+
+def read_rank_results(out_dir: Path, np: int, output: str) -> list[dict]:
+    """Each worker writes rank<R>.json; return them ordered by rank, failing if any is missing."""
+    results = []
+    for rank in range(np):
+        path = out_dir / f"rank{rank}.json"
+        if not path.exists():
+            pytest.fail(f"rank {rank} wrote no result ({path}); job output:\n{output[-4000:]}")
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """launch(np, worker, *args, controller=..., timeout=...) -> per-rank result dicts.
+
+    ``controller`` is "gloo" or "mpi" (horovodrun) or "mpirun" (plain mpirun).
+    """
+
+    def _launch(np: int, worker: str, *args: str, controller: str = "gloo", timeout: float = 240,
+                expect_ok: bool = True) -> list[dict]:
+        argv = [str(WORKERS / worker), "--out", str(tmp_path), *args]
+        cmd = mpirun_cmd(np, argv) if controller == "mpirun" else horovodrun_cmd(np, argv, controller)
+        proc = run_job(cmd, timeout)
+        if expect_ok and proc.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+        return read_rank_results(tmp_path, np, proc.stdout)
+
+    return _launch

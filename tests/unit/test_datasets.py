@@ -1,0 +1,68 @@
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from hvdkit.core.datasets import DatasetError, load_dataset, read_idx
+
+pytestmark = pytest.mark.unit
+
+
+def write_idx(path, array):
+    codes = {np.dtype(np.uint8): 0x08, np.dtype(">i4"): 0x0C}
+    header = bytes([0, 0, codes[array.dtype], array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def test_digits_is_real_offline_data_at_28x28():
+    d = load_dataset("digits")
+    assert d.x_train.shape[1:] == (28, 28) and d.x_train.dtype == np.float32
+    assert len(d.x_train) + len(d.x_test) == 1797
+    assert 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
+    assert set(np.unique(d.y_train)) == set(range(10))
+    # The split is fixed by the seed: every rank sees the same split.
+    again = load_dataset("digits")
+    assert np.array_equal(d.y_test, again.y_test)
+
+
+@pytest.mark.parametrize("name", ["x.idx", "x.idx.gz"])
+def test_idx_round_trip(tmp_path, name):
+    images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / name, images)
+    assert np.array_equal(read_idx(str(tmp_path / name)), images)
+
+
+def test_mnist_from_local_idx_files(tmp_path):
+    rng = np.random.default_rng(1)
+    for stem, arr in {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (6, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, 6, dtype=np.uint8),
+        "t10k-images-idx3-ubyte.gz": rng.integers(0, 256, (3, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte.gz": rng.integers(0, 10, 3, dtype=np.uint8),
+    }.items():
+        write_idx(tmp_path / stem, arr)
+    d = load_dataset("mnist", str(tmp_path), download=False)
+    assert d.x_train.shape == (6, 28, 28) and d.x_test.shape == (3, 28, 28)
+    assert d.x_train.max() <= 1.0
+
+
+def test_truncated_idx_is_reported(tmp_path):
+    images = np.zeros((4, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "x.idx", images)
+    data = (tmp_path / "x.idx").read_bytes()
+    (tmp_path / "x.idx").write_bytes(data[:-100])
+    with pytest.raises(DatasetError, match="truncated"):
+        read_idx(str(tmp_path / "x.idx"))
+
+
+def test_missing_mnist_without_download_says_what_to_do(tmp_path):
+    with pytest.raises(DatasetError, match="--dataset digits"):
+        load_dataset("mnist", str(tmp_path), download=False)
+
+
+def test_unknown_dataset_lists_choices():
+    with pytest.raises(DatasetError, match="digits, mnist, synthetic"):
+        load_dataset("cifar")

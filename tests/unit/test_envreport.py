@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from hvdkit.core import envreport
+from hvdkit.core.horovod_probe import _nccl_version_string
+
+pytestmark = pytest.mark.unit
+
+PROBE_OK = {
+    "installed": True, "version": "0.28.1",
+    "frameworks": {"tensorflow": True, "torch": True, "mxnet": False},
+    "controllers": {"mpi": True, "gloo": True},
+    "tensor_operations": {"nccl": False, "ddl": False, "ccl": False, "mpi": True, "gloo": True},
+    "nccl_version": None, "cuda_built": False, "probed_with": "torch",
+}
+
+
+def test_parse_probe_builds_report_fields():
+    build, err = envreport.parse_probe(PROBE_OK)
+    assert err is None
+    assert build.frameworks["torch"] and build.controllers == {"mpi": True, "gloo": True}
+
+
+def test_parse_probe_not_installed_and_unusable():
+    assert envreport.parse_probe({"installed": False, "error": "No module named 'horovod'"}) == (
+        None, "No module named 'horovod'")
+    build, err = envreport.parse_probe({"installed": True, "version": "0.28.1", "frameworks": {},
+                                        "errors": {"torch": "OSError: undefined symbol"}})
+    assert build is None and "undefined symbol" in err
+
+
+def test_nccl_version_code():
+    assert _nccl_version_string(22105) == "2.21.5"
+    assert _nccl_version_string(2708) == "2.7.8"
+
+
+def test_render_text_marks_flags_like_check_build():
+    build, _ = envreport.parse_probe(PROBE_OK)
+    report = envreport.EnvReport(
+        hvdkit="0.1.0", python="3.11.7", python_executable="/x/python", platform="Linux",
+        packages={"torch": "2.13.0+cpu", "tensorflow": None}, torch_cuda=None, horovod=build,
+        horovod_error=None, mpi="mpirun (Open MPI) 4.1.4", gpus=[])
+    text = envreport.render_text(report)
+    assert "[X] torch" in text and "[ ] mxnet" in text and "[X] gloo" in text
+    assert "tensorflow  not installed" in text and "NCCL               not built" in text
+    assert json.loads(json.dumps(report.to_dict()))["horovod"]["version"] == "0.28.1"
