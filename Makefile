@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.hvdkit-installed
 DEMO_ARGS ?= --dataset digits
 PYTEST_ARGS ?=
 
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install install-gpu demo test test-unit test-multiproc env clean

@@ -5,6 +5,7 @@
 #   scripts/install.sh --gpu      # GPU: adds HOROVOD_GPU_OPERATIONS=NCCL, CUDA framework builds
 #   scripts/install.sh --check-only   # prerequisites only, changes nothing
 #   scripts/install.sh --print-pins   # KEY=VALUE lines (read by Dockerfile checks)
+#   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #
 # What it does, in order, each step safe to rerun:
 #   1. checks prerequisites (Python, C++17 compiler, OpenMPI; GPU: CUDA, NCCL)
@@ -29,6 +30,7 @@ TENSORFLOW_VERSION=2.21.0
 KERAS_VERSION=3.15.1
 TF_KERAS_VERSION=2.21.0
 MPI4PY_VERSION=4.1.2
+NUMPY_VERSION=2.4.6
 # Horovod's own runtime requirements, pinned so every install resolves alike.
 CLOUDPICKLE_VERSION=3.1.2
 PSUTIL_VERSION=7.1.3
@@ -44,8 +46,9 @@ PYTEST_TIMEOUT_VERSION=2.4.0
 # Build tools. CMake 4 dropped support for cmake_minimum_required < 3.5,
 # which Horovod 0.28.1's bundled gloo still declares: stay on 3.x.
 CMAKE_VERSION=3.31.10
-# The Debian packages that give MPI (OpenMPI 4.1.4 on Debian 12).
+# Debian packages installed when missing: MPI (OpenMPI 4.1.4 on Debian 12) and patch.
 OPENMPI_APT_PACKAGES="openmpi-bin libopenmpi-dev"
+PATCH_APT_PACKAGES="patch"
 PYTHON_MIN=3.10
 PYTHON_MAX=3.13
 # -----------------------------------------------------------------------------
@@ -54,6 +57,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PATCH_FILE="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION.patch"
 MODE=cpu
 CHECK_ONLY=0
+PATCH_ONLY_DIR=
 
 die() { echo "hvdkit install: error: $*" >&2; exit 1; }
 step() { echo "==> $*"; }
@@ -62,16 +66,40 @@ print_pins() {
   sed -n '/^# ---- pins/,/^# ----------/p' "${BASH_SOURCE[0]}" | grep -E '^[A-Z0-9_]+=' | sed 's/"//g'
 }
 
-for arg in "$@"; do
-  case "$arg" in
+# Applies the patch to an unpacked Horovod source, refusing (and changing
+# nothing) when the source is not the one the patch was made for. --forward,
+# never --batch: --batch silently reverses an already-applied patch.
+apply_patch() {
+  local src=$1 name
+  name=$(basename "$PATCH_FILE")
+  [ -f "$src/setup.py" ] && [ -d "$src/horovod" ] \
+    || die "$src is not an unpacked Horovod source (no setup.py and horovod/): unpack horovod-$HOROVOD_VERSION.tar.gz there"
+  grep -q "__version__ = '$HOROVOD_VERSION'" "$src/horovod/__init__.py" 2>/dev/null \
+    || die "$src is not Horovod $HOROVOD_VERSION: scripts/patches/$name is for exactly that version; use its sdist or refresh the patch"
+  patch -d "$src" -p1 --dry-run --forward --silent < "$PATCH_FILE" >/dev/null 2>&1 \
+    || die "scripts/patches/$name does not apply to $src (already patched, or a modified source): unpack a fresh horovod-$HOROVOD_VERSION.tar.gz"
+  patch -d "$src" -p1 --forward --silent --no-backup-if-mismatch < "$PATCH_FILE" >/dev/null
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
     --cpu) MODE=cpu ;;
     --gpu) MODE=gpu ;;
     --check-only) CHECK_ONLY=1 ;;
     --print-pins) print_pins; exit 0 ;;
-    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$arg': use --cpu, --gpu, --check-only or --print-pins" ;;
+    --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
+                  PATCH_ONLY_DIR=$2; shift ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins or --patch-only DIR" ;;
   esac
+  shift
 done
+if [ -n "$PATCH_ONLY_DIR" ]; then
+  command -v patch >/dev/null 2>&1 || die "'patch' not found: apt-get install patch"
+  apply_patch "$PATCH_ONLY_DIR"
+  echo "patched $PATCH_ONLY_DIR with scripts/patches/$(basename "$PATCH_FILE")"
+  exit 0
+fi
 
 VENV=${HVDKIT_VENV:-$ROOT/.venv}
 PYTHON=${HVDKIT_PYTHON:-python3}
@@ -113,18 +141,27 @@ can_apt() {
   [ "${HVDKIT_NO_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]
 }
 
-check_mpi() {
-  if command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then return 0; fi
+# Installs missing Debian packages when allowed (root, apt-get, not --check-only);
+# otherwise stops with the command to run.
+need_debian() {  # need_debian WHAT "PACKAGES" COMMAND...
+  local what=$1 packages=$2; shift 2
+  local c missing=0
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing=1; done
+  [ "$missing" = 0 ] && return 0
   if [ "$CHECK_ONLY" = 0 ] && can_apt; then
-    step "installing OpenMPI from Debian ($OPENMPI_APT_PACKAGES)"
+    step "installing $what from Debian ($packages)"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $OPENMPI_APT_PACKAGES >/dev/null \
-      || die "apt-get could not install OpenMPI: run 'apt-get install $OPENMPI_APT_PACKAGES' by hand and rerun"
-    command -v mpicxx >/dev/null 2>&1 || die "OpenMPI installed but mpicxx is not on PATH: add /usr/bin to PATH and rerun"
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null \
+      || die "apt-get could not install $what: run 'apt-get install $packages' by hand and rerun"
+    for c in "$@"; do
+      command -v "$c" >/dev/null 2>&1 || die "$what installed but '$c' is not on PATH: add /usr/bin to PATH and rerun"
+    done
     return 0
   fi
-  die "OpenMPI not found (no mpicxx/mpirun on PATH): apt-get install $OPENMPI_APT_PACKAGES (as root), then rerun"
+  die "$what not found (no $* on PATH): apt-get install $packages (as root), then rerun"
 }
+
+check_mpi() { need_debian OpenMPI "$OPENMPI_APT_PACKAGES" mpicxx mpirun; }
 
 check_cuda() {
   [ "$MODE" = gpu ] || return 0
@@ -143,6 +180,7 @@ step "checking prerequisites ($MODE mode)"
 check_python
 check_compiler
 check_mpi
+need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
@@ -158,6 +196,8 @@ else
 fi
 rm -f "$STAMP"     # written again only when everything below succeeds
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# Some machines list local package mirrors that pip warns about per package; that noise hides real errors.
+pip_q() { "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # ---- 3. frameworks and tools ---------------------------------------------------
 if [ "$MODE" = gpu ]; then
@@ -166,8 +206,8 @@ else
   TF_REQ="tensorflow-cpu==$TENSORFLOW_VERSION"
 fi
 step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
-"${PIP[@]}" install -q \
-  "torch==$TORCH_VERSION" "$TF_REQ" "keras==$KERAS_VERSION" "tf-keras==$TF_KERAS_VERSION" \
+pip_q install -q \
+  "numpy==$NUMPY_VERSION" "torch==$TORCH_VERSION" "$TF_REQ" "keras==$KERAS_VERSION" "tf-keras==$TF_KERAS_VERSION" \
   "mpi4py==$MPI4PY_VERSION" \
   "cloudpickle==$CLOUDPICKLE_VERSION" "psutil==$PSUTIL_VERSION" "pyyaml==$PYYAML_VERSION" \
   "packaging==$PACKAGING_VERSION" "cffi==$CFFI_VERSION" \
@@ -201,18 +241,19 @@ else
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     BUILD=$(mktemp -d)
     trap 'rm -rf "$BUILD"' EXIT
-    step "downloading Horovod $HOROVOD_VERSION source"
-    "${PIP[@]}" download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
-    SDIST="$BUILD/horovod-$HOROVOD_VERSION.tar.gz"
-    got=$(sha256sum "$SDIST" | cut -d' ' -f1)
-    [ "$got" = "$HOROVOD_SDIST_SHA256" ] \
-      || die "horovod-$HOROVOD_VERSION.tar.gz has sha256 $got, expected $HOROVOD_SDIST_SHA256: the package index served a different source; do not build it (check your index/mirror)"
+    SDIST="$CACHE_DIR/src/horovod-$HOROVOD_VERSION.tar.gz"
+    if [ ! -f "$SDIST" ] || [ "$(sha256sum "$SDIST" | cut -d' ' -f1)" != "$HOROVOD_SDIST_SHA256" ]; then
+      step "downloading Horovod $HOROVOD_VERSION source"
+      pip_q download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
+      got=$(sha256sum "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" | cut -d' ' -f1)
+      [ "$got" = "$HOROVOD_SDIST_SHA256" ] \
+        || die "horovod-$HOROVOD_VERSION.tar.gz has sha256 $got, expected $HOROVOD_SDIST_SHA256: the package index served a different source; do not build it (check your index/mirror)"
+      mkdir -p "$CACHE_DIR/src" && mv "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" "$SDIST"
+    fi
     tar xzf "$SDIST" -C "$BUILD"
     SRC="$BUILD/horovod-$HOROVOD_VERSION"
     step "patching Horovod (scripts/patches/$(basename "$PATCH_FILE"))"
-    patch -d "$SRC" -p1 --dry-run --batch --quiet < "$PATCH_FILE" >/dev/null \
-      || die "scripts/patches/$(basename "$PATCH_FILE") does not apply to the Horovod $HOROVOD_VERSION source: the source is not what the patch expects; refresh the patch for this version"
-    patch -d "$SRC" -p1 --batch --quiet < "$PATCH_FILE"
+    apply_patch "$SRC"
     LOG="$CACHE_DIR/build-$CACHE_KEY.log"
     mkdir -p "$CACHE_DIR"
     step "building Horovod $HOROVOD_VERSION ($MODE; about 4 min on 2 cores; log: $LOG)"
@@ -234,13 +275,13 @@ else
   else
     step "using cached Horovod wheel ($WHEEL_DIR)"
   fi
-  "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+  pip_q install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
   echo "$CACHE_KEY" > "$VENV/.hvdkit-horovod-key"
 fi
 
 # ---- 5. hvdkit itself, then prove the build -------------------------------------
 step "installing hvdkit (editable)"
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
+pip_q install -q --no-deps --no-build-isolation -e "$ROOT"
 
 step "checking Horovod's build"
 check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"

@@ -29,10 +29,39 @@ def get_logger(rank: int, size: int, name: str = "hvdkit", level: int = logging.
     return logger
 
 
+class _LineWriter:
+    """A file for tqdm that turns its carriage-return redraws into whole lines.
+
+    horovodrun reads each rank's output line by line and prefixes it, so the
+    ``\r`` redraws of a normal bar pile up into one unreadable line. Here each
+    redraw becomes its own line; ``mininterval`` keeps them few.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        for part in text.replace("\r", "\n").split("\n"):
+            if part.strip():
+                self.stream.write(part.rstrip() + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def progress(iterable: Iterable[T], rank: int, desc: str = "", total: int | None = None,
              **tqdm_kwargs) -> Iterable[T]:
-    """A tqdm progress bar on rank 0 only; other ranks iterate silently."""
+    """A tqdm progress bar on rank 0 only; other ranks iterate silently.
+
+    On a terminal it redraws in place; when output is piped (always, under
+    horovodrun) it prints a line every few seconds and one at the end.
+    """
     from tqdm.auto import tqdm  # imported here so the core loads without tqdm
 
-    return tqdm(iterable, desc=desc, total=total, disable=rank != 0, leave=False,
-                dynamic_ncols=True, **tqdm_kwargs)
+    options = dict(desc=desc, total=total, disable=rank != 0, dynamic_ncols=True)
+    if not sys.stderr.isatty():
+        options.update(file=_LineWriter(sys.stderr), mininterval=5.0, ncols=80, leave=True)
+    else:
+        options.update(leave=False)
+    options.update(tqdm_kwargs)
+    return tqdm(iterable, **options)

@@ -1,0 +1,35 @@
+"""`hvdkit env` as users run it: the installed console command."""
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN
+
+pytestmark = pytest.mark.cli
+
+
+def test_env_json_reports_frameworks_and_horovod_build():
+    proc = subprocess.run([str(BIN / "hvdkit"), "env", "--json"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    for name in ("torch", "tensorflow", "keras", "horovod"):
+        assert report["packages"][name], f"{name} missing from the report"
+    assert report["packages"]["horovod"] == "0.28.1"
+    build = report["horovod"]
+    assert build["frameworks"]["torch"] and build["frameworks"]["tensorflow"]
+    assert build["controllers"] == {"mpi": True, "gloo": True}
+    assert build["tensor_operations"]["mpi"] and build["tensor_operations"]["gloo"]
+    assert report["mpi"] and "Open MPI" in report["mpi"]
+
+
+def test_env_text_looks_like_check_build():
+    proc = subprocess.run([str(BIN / "hvdkit"), "env"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "[X] torch" in proc.stdout and "[X] gloo" in proc.stdout
+
+
+def test_no_subcommand_prints_help_and_fails():
+    proc = subprocess.run([str(BIN / "hvdkit")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "env" in proc.stdout
