@@ -21,8 +21,9 @@ _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 
 def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
-    # Horovod builds a subclass on the fly, named _DistributedOptimizer (or _DistributedAdasumOptimizer).
-    return type(optimizer).__name__.startswith("_Distributed") and type(optimizer).__module__.startswith("horovod.")
+    # Horovod makes a new class with the original's name (e.g. "SGD") whose
+    # methods come from horovod.torch.optimizer; look for those.
+    return type(optimizer).__module__.startswith("horovod.") or hasattr(optimizer, "skip_synchronize")
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
@@ -68,7 +69,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                     f"parameter {names[id(p)]!r} is on {p.device} but this rank's device is {ctx.device}: "
                     "call model.to(ctx.device) before creating the optimizer"
                 )
-    return hvd.DistributedOptimizer(
+    wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
         compression=compression_value,
@@ -77,6 +78,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         gradient_predivide_factor=gradient_predivide_factor,
         sparse_as_dense=sparse_as_dense,
     )
+    # Horovod builds a new optimizer from param_groups, which drops any state
+    # the original already had (momentum, Adam moments, e.g. loaded before
+    # wrapping). Carry it over.
+    if optimizer.state:
+        wrapped.load_state_dict(optimizer.state_dict())
+    return wrapped
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,

@@ -1,0 +1,133 @@
+"""hvdkit.torch under real horovodrun (Gloo, CPU): the six steps, checkpoints, evaluation, misuse."""
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, run_job
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("state", ["empty", "stepped"])
+def test_broadcast_state_makes_ranks_bitwise_identical(launch, optimizer, state):
+    r0, r1 = launch(2, "torch_broadcast.py", "--optimizer", optimizer, "--state", state)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["before"] != r1["before"], "the test must start from different weights"
+    for key in ("params", "buffers", "optimizer", "lr", "optimizer_state_len"):
+        assert r0[key] == r1[key], f"{key} differs between ranks after broadcast_state"
+    # An empty state stays empty: no zero-gradient step that would advance Adam's counter.
+    assert r0["optimizer_state_len"] == (0 if state == "empty" else 6)   # SmallNet has 6 parameter tensors
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_two_ranks_equal_one_process_on_the_combined_batch(launch, optimizer, micro_batches):
+    r0, r1 = launch(2, "torch_equivalence.py", "--optimizer", optimizer,
+                    "--micro-batches", str(micro_batches))
+    assert r0["size"] == 2
+    assert r0["param_change"] > 1e-3, "the steps must actually move the weights"
+    assert r0["max_param_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_amp_step_with_clipping_matches_one_process(launch, optimizer):
+    r0, _ = launch(2, "torch_equivalence.py", "--optimizer", optimizer, "--amp")
+    assert r0["size"] == 2
+    assert min(r0["clip_norms"]) > 0.05, "gradients must exceed the clip norm for the test to mean anything"
+    assert r0["max_param_diff"] < 1e-5
+
+
+def test_checkpoint_resume_equals_straight_training(launch, tmp_path):
+    ckpt = tmp_path / "ckpts" / "model.pt"
+    straight = launch(2, "torch_checkpoint.py", "--mode", "straight", "--ckpt", str(tmp_path / "s" / "m.pt"))
+    first = launch(2, "torch_checkpoint.py", "--mode", "first", "--ckpt", str(ckpt))
+    assert [r["wrote"] for r in first] == [True, False], "only rank 0 writes"
+    assert first[0]["files"] == ["model.pt"], "no temporary files left behind"
+    resumed = launch(2, "torch_checkpoint.py", "--mode", "resume", "--ckpt", str(ckpt))   # fresh processes
+    assert [r["start"] for r in resumed] == [1, 1]
+    assert all(r["size"] == 2 for r in straight + resumed)
+    # Parameters are identical on all ranks; BatchNorm running statistics are each
+    # rank's own (Horovod does not average buffers) and the checkpoint holds rank 0's,
+    # so every rank must match on parameters and rank 0 on the whole state.
+    param_keys = {"conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias"}
+    for rank in range(2):
+        a = np.load(tmp_path / f"straight-rank{rank}.npz")
+        b = np.load(tmp_path / f"resume-rank{rank}.npz")
+        keys = a.files if rank == 0 else sorted(param_keys)
+        assert param_keys <= set(a.files)
+        for key in keys:
+            assert np.abs(a[key].astype(np.float64) - b[key]).max() <= 1e-6, f"rank {rank} {key}"
+
+
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
+    ckpt = tmp_path / "model.pt"
+    cmd = horovodrun_cmd(1, [str(WORKERS / "torch_slow_save.py"), "--out", str(tmp_path), "--ckpt", str(ckpt)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(), start_new_session=True, cwd=ROOT)
+    try:
+        deadline = time.time() + 120
+        marker = tmp_path / "saved-first"          # the good checkpoint is on disk
+        while time.time() < deadline and not (marker.exists() and marker.read_text()
+                                              and glob.glob(str(tmp_path / ".model.pt.*.tmp"))):
+            if proc.poll() is not None:
+                pytest.fail(f"worker exited early:\n{proc.stdout.read()[-3000:]}")
+            time.sleep(0.05)
+        tmp_files = glob.glob(str(tmp_path / ".model.pt.*.tmp"))
+        assert tmp_files, "the large save never started"
+        pid = int((tmp_path / "saved-first").read_text())
+        os.kill(pid, signal.SIGKILL)                       # the writer dies mid-write
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    state = torch.load(ckpt, weights_only=True)
+    assert state["extra"] == {"epoch": 7}
+    assert torch.equal(state["model"]["weight"], torch.full((4, 4), 1.5))
+
+
+def test_distributed_evaluation_is_exact(launch):
+    r0, r1 = launch(2, "torch_evaluate.py")
+    assert r0["size"] == 2
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["metrics"]["count"] == 359, "no sample may be dropped or counted twice"
+    assert r0["metrics"]["accuracy"] == r0["single"]["accuracy"]
+    # Loss sums differ only in float32 summation order.
+    assert r0["metrics"]["loss"] == pytest.approx(r0["single"]["loss"], rel=1e-6)
+    assert r0["metric_average"] == r1["metric_average"]
+
+
+def test_misuse_gets_errors_that_name_the_fix(launch):
+    (r0,) = launch(1, "torch_misuse.py")
+    e = r0["errors"]
+    assert "init() has not been called" in e["before_init"]
+    assert "not in the model" in e["optimizer_of_other_model"]
+    assert "already a Horovod DistributedOptimizer" in e["wrapped_twice"]
+    assert "DistributedOptimizer(optimizer, model)" in e["model_not_second"]
+    assert "model.to(ctx.device)" in e["model_on_other_device"]
+    assert "does not exist" in e["missing_checkpoint"]
+    assert "corrupt" in e["corrupt_checkpoint"]
+
+
+def test_demo_reaches_95_percent_on_digits(tmp_path):
+    cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "pytorch_mnist.py"), "--dataset", "digits", "--json"])
+    start = time.time()
+    proc = run_job(cmd, timeout=300)
+    elapsed = time.time() - start
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    match = re.search(r'(\{"dataset".*\})', proc.stdout)
+    assert match, proc.stdout[-3000:]
+    result = json.loads(match.group(1))
+    print(f"demo: {result['test_accuracy']:.2%} test accuracy, {elapsed:.1f}s wall on 2 processes")
+    assert result["size"] == 2 and result["test_count"] == 359
+    assert result["test_accuracy"] >= 0.95

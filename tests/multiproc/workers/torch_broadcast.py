@@ -1,0 +1,38 @@
+"""Worker: ranks start different; after broadcast_state all must be bitwise identical."""
+
+import argparse
+
+import torch
+
+import hvdkit.torch as hk
+from torch_common import SmallNet, make_optimizer, optimizer_tensors, tensor_digest, write_result
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
+p.add_argument("--state", choices=["empty", "stepped"], required=True)
+args = p.parse_args()
+
+ctx = hk.init(threads=1)
+torch.manual_seed(100 + ctx.rank)                  # different weights on every rank
+model = SmallNet()
+model.train()
+model(torch.randn(8, 1, 8, 8) * (ctx.rank + 1))    # different BatchNorm running stats too
+optimizer = make_optimizer(args.optimizer, model.parameters())
+if args.state == "stepped":                        # a local (unwrapped) step: rank-specific state
+    model(torch.randn(8, 1, 8, 8)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+optimizer.param_groups[0]["lr"] *= ctx.rank + 1   # even hyper-parameters differ
+before = tensor_digest(model.state_dict().values())
+optimizer = hk.DistributedOptimizer(optimizer, model)
+hk.broadcast_state(model, optimizer)
+write_result(args.out, ctx.rank, {
+    "rank": ctx.rank, "size": ctx.size,
+    "before": before,
+    "params": tensor_digest(model.parameters()),
+    "buffers": tensor_digest(model.buffers()),
+    "optimizer": tensor_digest(optimizer_tensors(optimizer)),
+    "optimizer_state_len": len(optimizer.state_dict()["state"]),
+    "lr": optimizer.param_groups[0]["lr"],
+})

@@ -1,0 +1,70 @@
+"""Worker: one step on N ranks x batch B equals one process on batch N*B (rank 0 computes both)."""
+
+import argparse
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import hvdkit.torch as hk
+from torch_common import SmallNet, make_optimizer, write_result
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
+p.add_argument("--micro-batches", type=int, default=1, help="backward passes per step")
+p.add_argument("--steps", type=int, default=2)
+p.add_argument("--amp", action="store_true", help="hk.step with a GradScaler and gradient clipping")
+args = p.parse_args()
+
+ctx = hk.init(threads=1)
+# float64, so that 1e-5 measures the algorithm rather than float32 summation order
+# (Adam's m/sqrt(v) amplifies roundoff in tiny gradients to ~1e-5 in float32).
+torch.set_default_dtype(torch.float64)
+torch.manual_seed(0)
+B, k = 8, args.micro_batches
+x_all = torch.randn(args.steps, ctx.size * B, 1, 8, 8)
+y_all = torch.randint(0, 10, (args.steps, ctx.size * B))
+
+model = SmallNet()
+reference = copy.deepcopy(model)
+initial = copy.deepcopy(model)
+opt = hk.DistributedOptimizer(make_optimizer(args.optimizer, model.parameters()), model,
+                              backward_passes_per_step=k)
+hk.broadcast_state(model, opt)
+CLIP = 0.05                     # small enough that clipping really happens
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp else None
+for step in range(args.steps):
+    xs = x_all[step, ctx.rank * B:(ctx.rank + 1) * B]
+    ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
+    opt.zero_grad()
+    if args.amp:                # the one-liner: scale, backward, synchronize, unscale, clip, step
+        hk.step(opt, F.cross_entropy(model(xs), ys), scaler=scaler, max_grad_norm=CLIP)
+        continue
+    for m in range(k):          # k micro-batches of B/k; loss / k so the accumulated sum is a mean
+        sl = slice(m * B // k, (m + 1) * B // k)
+        (F.cross_entropy(model(xs[sl]), ys[sl]) / k).backward()
+    opt.step()
+
+result = {"rank": ctx.rank, "size": ctx.size}
+if ctx.rank == 0:
+    # BatchNorm normalises per forward pass, so the single process must see the same
+    # per-pass batches: ranks' micro-batches, forwarded one after another.
+    ref_opt = make_optimizer(args.optimizer, reference.parameters())
+    for step in range(args.steps):
+        ref_opt.zero_grad()
+        for r in range(ctx.size):
+            for m in range(k):
+                lo = r * B + m * B // k
+                hi = r * B + (m + 1) * B // k
+                loss = F.cross_entropy(reference(x_all[step, lo:hi]), y_all[step, lo:hi]) / (k * ctx.size)
+                loss.backward()
+        if args.amp:            # a power-of-two scale unscales exactly; clipping is what remains
+            result.setdefault("clip_norms", []).append(
+                torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP).item())
+        ref_opt.step()
+    diffs = [(a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())]
+    result["max_param_diff"] = max(diffs)
+    result["param_change"] = max((a - b).abs().max().item()
+                                 for a, b in zip(model.parameters(), initial.parameters()))
+write_result(args.out, ctx.rank, result)
