@@ -125,7 +125,7 @@ def download_mnist(data_dir: str, timeout: float = 30.0) -> None:
             try:
                 with urllib.request.urlopen(mirror + stem + ".gz", timeout=timeout) as resp:
                     payload = resp.read()
-                tmp = target + ".part"
+                tmp = f"{target}.{os.getpid()}.part"   # ranks on one host may download at once
                 with open(tmp, "wb") as f:
                     f.write(payload)
                 os.replace(tmp, target)

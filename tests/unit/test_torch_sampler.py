@@ -1,0 +1,38 @@
+"""ResumableDistributedSampler: shards, per-epoch shuffles and mid-epoch resume (no processes)."""
+
+import pytest
+
+from hvdkit.torch.data import ResumableDistributedSampler, ShardSampler
+
+pytestmark = pytest.mark.unit
+
+
+def sampler(rank, size=2, n=21, batch=4):
+    return ResumableDistributedSampler(list(range(n)), num_replicas=size, rank=rank, shuffle=True,
+                                       seed=5, drop_last=False, batch_size=batch)
+
+
+def test_shards_cover_the_data_and_reshuffle_each_epoch():
+    s0, s1 = sampler(0), sampler(1)
+    for s in (s0, s1):
+        s.set_epoch(0)
+    epoch0 = list(s0) + list(s1)
+    assert set(epoch0) == set(range(21)) and len(epoch0) == 22   # padded by one for equal shards
+    s0.set_epoch(1)
+    assert list(s0) != epoch0[:11]
+
+
+def test_resume_mid_epoch_continues_where_it_stopped():
+    full = sampler(1)
+    full.set_epoch(3)
+    order = list(full)
+    resumed = sampler(1)
+    resumed.set_epoch(3, start_batch=2)
+    assert list(resumed) == order[8:] and len(resumed) == len(order) - 8
+    resumed.set_epoch(4)                      # the next epoch starts from its beginning again
+    assert len(list(resumed)) == len(order)
+
+
+def test_eval_shards_are_unpadded_and_disjoint():
+    shards = [list(ShardSampler(21, r, 2)) for r in range(2)]
+    assert sorted(shards[0] + shards[1]) == list(range(21))
