@@ -18,7 +18,7 @@ import hvdkit
 from hvdkit.core.checkpoint_files import atomic_write
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
-from hvdkit.torch.optim import _to_cpu
+from hvdkit.torch.tensors import to_cpu
 
 FORMAT = "hvdkit.torch/1"
 
@@ -41,8 +41,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "format": FORMAT,
         "hvdkit_version": hvdkit.__version__,
         "world_size": ctx.size,
-        "model": _to_cpu(model.state_dict()),
-        "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+        "model": to_cpu(model.state_dict()),
+        "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "extra": extra,
     }
     atomic_write(path, lambda f: torch.save(state, f))

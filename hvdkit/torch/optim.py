@@ -15,6 +15,7 @@ import torch
 from hvdkit.core import lr as core_lr
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
+from hvdkit.torch.tensors import to_cpu
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
@@ -101,19 +102,9 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is None:
         return
     state = optimizer.state_dict() if hvd.rank() == root_rank else None
-    state = hvd.broadcast_object(_to_cpu(state), root_rank=root_rank, name="hvdkit.optimizer_state")
+    state = hvd.broadcast_object(to_cpu(state), root_rank=root_rank, name="hvdkit.optimizer_state")
     if hvd.rank() != root_rank:
         optimizer.load_state_dict(state)
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:

@@ -1,5 +1,7 @@
 """Horovod really runs: 2 processes under horovodrun (Gloo and MPI) and plain mpirun, torch and TF."""
 
+import sys
+
 import pytest
 
 pytestmark = pytest.mark.multiproc
@@ -20,3 +22,14 @@ def test_two_process_collectives(launch, framework, controller):
         assert r["sum_ok"], f"rank {r['rank']}: Sum allreduce is wrong"
         assert r["bcast"] == [0.0] * 4, "broadcast must carry rank 0's value"
         assert r["gathered"] == [0, 1]
+
+
+def test_single_node_hostfile_launches_two_ranks(tmp_path):
+    from tests.conftest import BIN, ROOT, WORKERS, read_rank_results, run_job
+
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "--hostfile", str(ROOT / "hostfiles" / "single-node"), "--gloo",
+           sys.executable, str(WORKERS / "allreduce.py"), "--framework", "torch", "--out", str(tmp_path)]
+    proc = run_job(cmd, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    results = read_rank_results(tmp_path, 2, proc.stdout)
+    assert [r["size"] for r in results] == [2, 2] and all(r["avg_ok"] for r in results)
