@@ -256,7 +256,7 @@ else
     apply_patch "$SRC"
     LOG="$CACHE_DIR/build-$CACHE_KEY.log"
     mkdir -p "$CACHE_DIR"
-    step "building Horovod $HOROVOD_VERSION ($MODE; about 4 min on 2 cores; log: $LOG)"
+    step "building Horovod $HOROVOD_VERSION ($MODE; about 5 min on 2 cores; log: $LOG)"
     start=$(date +%s)
     ( while sleep 30; do echo "    ... building, $(( $(date +%s) - start ))s"; done ) &
     ticker=$!

@@ -16,25 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hvdkit.core.topology import Topology, cpu_threads_per_rank
 from hvdkit.torch._horovod import hvd
 
 
 @dataclass(frozen=True)
-class Context:
-    """Where this process sits in the job; returned by :func:`init`."""
+class Context(Topology):
+    """Where this process sits in the job (see :class:`hvdkit.core.topology.Topology`) and its device."""
 
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        """True on rank 0, the rank that logs, evaluates summaries and writes checkpoints."""
-        return self.rank == 0
+    device: torch.device = torch.device("cpu")
 
 
 _context: Context | None = None
@@ -65,8 +55,8 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if threads is None and "OMP_NUM_THREADS" not in os.environ and device.type == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // local_size)
+    if threads is None and device.type == "cpu":
+        threads = cpu_threads_per_rank(local_size)
     if threads is not None:
         torch.set_num_threads(threads)
     _context = Context(

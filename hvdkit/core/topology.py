@@ -1,0 +1,45 @@
+"""Where a process sits in a Horovod job, independent of the framework.
+
+Each adapter's ``init()`` returns a subclass that adds its device.
+
+Example::
+
+    ctx = hvdkit.torch.init()
+    if ctx.is_main:
+        print(f"{ctx.size} processes on {ctx.cross_size} hosts")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that logs, evaluates summaries and writes checkpoints."""
+        return self.rank == 0
+
+    @property
+    def verbose(self) -> int:
+        """Keras-style verbosity: progress output on rank 0 only."""
+        return 1 if self.rank == 0 else 0
+
+
+def cpu_threads_per_rank(local_size: int) -> int | None:
+    """Intra-op threads per process so a host's ranks share its cores instead of oversubscribing.
+
+    None when the user set OMP_NUM_THREADS (their choice wins).
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    return max(1, (os.cpu_count() or 1) // max(local_size, 1))

@@ -1,0 +1,28 @@
+"""hvdkit.keras: Horovod's six steps for Keras 3 (TensorFlow or PyTorch backend) and tf-keras.
+
+    import hvdkit.keras as hk
+    ctx = hk.init(seed=42)                                        # 1, 2
+    x, y = hk.shard_arrays(x, y)
+    model = build_model()
+    opt = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(0.01)))   # 3, 5
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, verbose=ctx.verbose, callbacks=hk.callbacks(warmup_epochs=2))   # 4, warmup, metrics
+    hk.save_checkpoint("ckpt.npz", model, opt, epoch=1)          # 6 (rank 0 only)
+
+Choose the backend with KERAS_BACKEND=tensorflow|torch, or TF_USE_LEGACY_KERAS=1
+for tf-keras, before importing keras. Launch with ``horovodrun -np 2 python train.py``.
+"""
+
+from hvdkit.core.console import get_logger
+from hvdkit.keras.backend import SUPPORTED, BackendError, resolve_backend
+from hvdkit.keras.callbacks import callbacks
+from hvdkit.keras.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hvdkit.keras.context import Context, current, init
+from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps_per_epoch
+from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
+
+__all__ = [
+    "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "broadcast_state",
+    "callbacks", "current", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
+    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch",
+]

@@ -1,0 +1,70 @@
+"""Which Keras hvdkit is serving, decided before Keras is imported.
+
+Three modes: Keras 3 on TensorFlow (``"tensorflow"``), Keras 3 on PyTorch
+(``"torch"``), and legacy tf-keras (``"tf_keras"``, when
+``TF_USE_LEGACY_KERAS=1``). Horovod has no JAX (or NumPy/OpenVINO) binding.
+
+Example::
+
+    resolve_backend({"KERAS_BACKEND": "torch"})   # "torch"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+SUPPORTED = ("tensorflow", "torch", "tf_keras")
+
+
+class BackendError(RuntimeError):
+    """Keras is configured for a backend Horovod cannot serve."""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def _keras_json_backend(env: Mapping[str, str]) -> str | None:
+    home = env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as f:
+            return json.load(f).get("backend")
+    except (OSError, ValueError):
+        return None
+
+
+def resolve_backend(env: Mapping[str, str] | None = None) -> str:
+    """The hvdkit Keras mode for this environment, or :class:`BackendError` naming the fix.
+
+    Follows Keras's own order: ``KERAS_BACKEND``, then ``~/.keras/keras.json``,
+    then TensorFlow. ``TF_USE_LEGACY_KERAS=1`` selects tf-keras, as in TensorFlow.
+    """
+    env = os.environ if env is None else env
+    if _truthy(env.get("TF_USE_LEGACY_KERAS")):
+        return "tf_keras"
+    name = env.get("KERAS_BACKEND") or _keras_json_backend(env) or "tensorflow"
+    if name in ("tensorflow", "torch"):
+        return name
+    raise BackendError(
+        f"Keras backend {name!r} is not supported: Horovod has collectives for TensorFlow and PyTorch only; "
+        "set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch (or TF_USE_LEGACY_KERAS=1 for tf-keras)"
+    )
+
+
+def keras_module(mode: str):
+    """The Keras package for ``mode`` (``tf_keras`` for the legacy mode)."""
+    if mode == "tf_keras":
+        try:
+            import tf_keras as keras
+        except ImportError as exc:
+            raise ImportError(f"TF_USE_LEGACY_KERAS=1 needs tf-keras ({exc}): run scripts/install.sh, "
+                              "which pins tf-keras to the TensorFlow version") from exc
+        return keras
+    import keras
+
+    if keras.backend.backend() != mode:
+        raise BackendError(f"keras was imported with backend {keras.backend.backend()!r} before hvdkit "
+                           f"resolved {mode!r}: set KERAS_BACKEND before importing keras")
+    return keras

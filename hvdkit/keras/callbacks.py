@@ -1,0 +1,122 @@
+"""The usual Horovod callbacks for ``model.fit``, in the order that makes them right.
+
+Example::
+
+    model.fit(x, y, verbose=ctx.verbose,
+              callbacks=hk.callbacks(keras.callbacks.ReduceLROnPlateau(),
+                                     keras.callbacks.ModelCheckpoint("best.keras"),
+                                     warmup_epochs=2))
+
+Order: broadcast rank 0's initial state; average metrics over ranks (before
+anything that reads them, such as ReduceLROnPlateau, TensorBoard or
+ModelCheckpoint); warm the learning rate up; then the user's callbacks, with
+those that write files (ModelCheckpoint, TensorBoard, CSVLogger, BackupAndRestore)
+kept on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hvdkit.core.lr import warmup_lr
+from hvdkit.keras.backend import keras_module
+from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.context import current
+from hvdkit.keras.optimizer import broadcast_state, get_learning_rate, set_learning_rate
+
+log = logging.getLogger("hvdkit.keras")
+
+RANK0_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
+
+
+def callbacks(*user_callbacks, warmup_epochs: float = 0, broadcast: bool = True,
+              average_metrics: bool = True, root_rank: int = 0) -> list:
+    """The callback list for ``model.fit``: hvdkit's, then ``user_callbacks`` (file writers on rank 0 only)."""
+    ctx = current()
+    classes = _callback_classes(ctx.backend)
+    out = []
+    if broadcast:
+        out.append(classes["BroadcastInitialState"](root_rank))
+    if average_metrics:
+        out.append(classes["MetricAverage"]())
+    if warmup_epochs > 0:
+        out.append(classes["LearningRateWarmup"](warmup_epochs))
+    for cb in user_callbacks:
+        if ctx.rank != root_rank and type(cb).__name__ in RANK0_ONLY:
+            continue
+        out.append(cb)
+    return out
+
+
+_CLASSES: dict[str, dict[str, type]] = {}
+
+
+def _callback_classes(mode: str) -> dict[str, type]:
+    """Callback classes subclass the active Keras's Callback, so they are made once Keras is known."""
+    if mode in _CLASSES:
+        return _CLASSES[mode]
+    keras = keras_module(mode)
+    coll = for_mode(mode)
+
+    class BroadcastInitialState(keras.callbacks.Callback):
+        """Copies rank 0's weights and optimizer state before the first step, then checks the data is sharded."""
+
+        def __init__(self, root_rank: int = 0):
+            super().__init__()
+            self.root_rank = root_rank
+            self.done = False
+            self.checked = False
+
+        def on_train_begin(self, logs=None):
+            if not self.done:
+                broadcast_state(self.model, self.model.optimizer, self.root_rank)
+                self.done = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.checked or batch != 0 or current().size == 1 or not logs or "loss" not in logs:
+                return
+            self.checked = True
+            losses = coll.allgather_object(float(logs["loss"]), name="hvdkit.first_loss")
+            if current().rank == self.root_rank and len(set(losses)) == 1:
+                log.warning("every rank computed the same loss on its first batch: the data is probably not "
+                            "sharded; use hvdkit.keras.shard_arrays(...) or shard_dataset(...) so each rank "
+                            "trains on its own 1/size of the data")
+
+    class MetricAverage(keras.callbacks.Callback):
+        """Replaces each epoch's logged metrics by their mean over ranks."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not logs:
+                return
+            keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "__float__"))
+            values = coll.average_floats([float(logs[k]) for k in keys], name=f"hvdkit.metrics.{epoch}")
+            logs.update(zip(keys, values))
+
+    class LearningRateWarmup(keras.callbacks.Callback):
+        """Per-batch linear warmup from rate/size to the optimizer's (scaled) rate (Goyal et al.)."""
+
+        def __init__(self, warmup_epochs: float):
+            super().__init__()
+            self.warmup_epochs = warmup_epochs
+            self.target = None
+            self.epoch = 0
+
+        def on_train_begin(self, logs=None):
+            if self.target is None:
+                self.target = get_learning_rate(self.model.optimizer)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            steps = self.params.get("steps") or 1
+            total = int(self.warmup_epochs * steps)
+            step = self.epoch * steps + batch
+            if step <= total:
+                set_learning_rate(self.model.optimizer,
+                                  warmup_lr(step, total, self.target / current().size, self.target))
+
+    classes = {"BroadcastInitialState": BroadcastInitialState, "MetricAverage": MetricAverage,
+               "LearningRateWarmup": LearningRateWarmup}
+    _CLASSES[mode] = classes
+    return classes

@@ -1,0 +1,97 @@
+"""Step 6 and resume for Keras: rank-0 atomic checkpoints, loaded identically on every rank.
+
+The file is a NumPy ``.npz`` holding the model's variables, the optimizer's
+variables and a JSON header, so the same format serves Keras 3 (both
+backends) and tf-keras.
+
+Example::
+
+    hk.save_checkpoint("ckpt.npz", model, model.optimizer, epoch=epoch)    # rank 0 writes
+    extra = hk.load_checkpoint("ckpt.npz", model, model.optimizer)         # every rank
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+import hvdkit
+from hvdkit.core.checkpoint_files import atomic_write
+from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.context import current
+from hvdkit.keras.optimizer import optimizer_variables, ensure_built
+
+FORMAT = "hvdkit.keras/1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be loaded; raised on every rank with the same message."""
+
+
+def _numpy(variable) -> np.ndarray:
+    value = variable.numpy() if hasattr(variable, "numpy") else variable.value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None, **extra) -> bool:
+    """Write model and optimizer variables and ``extra`` to ``path`` on rank 0 only (atomic)."""
+    ctx = current()
+    if not ctx.is_main:
+        return False
+    ensure_built(model, optimizer)
+    model_vars = [_numpy(v) for v in model.variables]
+    opt_vars = [_numpy(v) for v in optimizer_variables(optimizer)] if optimizer is not None else []
+    header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
+              "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars), "extra": extra}
+    arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
+    arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+    return True
+
+
+def _read(path: str) -> dict:
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(bytes(data["header"]).decode())
+            model_vars = [data[f"model_{i}"] for i in range(header["n_model"])]
+            opt_vars = [data[f"optimizer_{i}"] for i in range(header["n_optimizer"])]
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
+                              "restore an older checkpoint or start without --resume") from exc
+    if header.get("format") != FORMAT:
+        raise CheckpointError(f"{path!r} is not an hvdkit.keras checkpoint: save it with hvdkit.keras.save_checkpoint")
+    return {"header": header, "model": model_vars, "optimizer": opt_vars}
+
+
+def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:
+    """Rank ``root_rank`` reads ``path``; every rank assigns the same variables. Returns ``extra``."""
+    ctx = current()
+    payload = None
+    if ctx.rank == root_rank:
+        try:
+            payload = ("ok", _read(os.fspath(path)))
+        except CheckpointError as exc:
+            payload = ("error", str(exc))
+    status, body = for_mode(ctx.backend).broadcast_object(payload, root_rank, name="hvdkit.checkpoint")
+    if status == "error":
+        raise CheckpointError(body)
+    model_vars = list(model.variables)
+    if len(model_vars) != len(body["model"]):
+        raise CheckpointError(f"checkpoint {os.fspath(path)!r} has {len(body['model'])} model variables but the "
+                              f"model has {len(model_vars)}: build the same architecture before loading")
+    for var, value in zip(model_vars, body["model"]):
+        var.assign(value)
+    if optimizer is not None:
+        ensure_built(model, optimizer)
+        opt_vars = optimizer_variables(optimizer)
+        if len(opt_vars) != len(body["optimizer"]):
+            raise CheckpointError(f"checkpoint {os.fspath(path)!r} has {len(body['optimizer'])} optimizer variables, "
+                                  f"the optimizer has {len(opt_vars)}: use the same optimizer class and settings")
+        for var, value in zip(opt_vars, body["optimizer"]):
+            var.assign(value)
+    return body["header"]["extra"]

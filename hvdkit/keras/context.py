@@ -1,0 +1,99 @@
+"""Steps 1 and 2 for Keras: initialise Horovod for the backend and pin the device.
+
+Example::
+
+    import hvdkit.keras as hk
+    ctx = hk.init(seed=42)          # before building the model
+    model.fit(..., verbose=ctx.verbose)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hvdkit.core.topology import Topology, cpu_threads_per_rank
+from hvdkit.keras.backend import keras_module, resolve_backend
+from hvdkit.keras.collectives import for_mode
+
+
+@dataclass(frozen=True)
+class Context(Topology):
+    """Where this process sits in the job, the hvdkit Keras mode and the device it uses."""
+
+    backend: str = "tensorflow"
+    device: str = "cpu"
+
+
+_context: Context | None = None
+
+
+def init(seed: int | None = None, threads: int | None = None) -> Context:
+    """Initialise Horovod for the active Keras backend, pin the local rank's GPU (or share the CPU).
+
+    Raises :class:`hvdkit.keras.BackendError` for backends Horovod cannot
+    serve (JAX, NumPy, OpenVINO). ``seed`` seeds Keras, numpy and Python with
+    ``seed + rank``; weights still start identical because the broadcast
+    callback copies rank 0's.
+    """
+    global _context
+    mode = resolve_backend()
+    coll = for_mode(mode)
+    coll.hvd.init()
+    local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
+    threads = threads if threads is not None else cpu_threads_per_rank(local_size)
+    device = _pin_torch(local_rank, local_size, threads) if mode == "torch" else _pin_tensorflow(local_rank, local_size, threads)
+    _context = Context(
+        rank=coll.hvd.rank(), size=coll.hvd.size(), local_rank=local_rank, local_size=local_size,
+        cross_rank=coll.hvd.cross_rank(), cross_size=coll.hvd.cross_size(), backend=mode, device=device,
+    )
+    if seed is not None:
+        keras_module(mode).utils.set_random_seed(seed + _context.rank)
+    return _context
+
+
+def _no_gpu_error(local_rank: int, local_size: int, visible: int) -> RuntimeError:
+    return RuntimeError(
+        f"local rank {local_rank} has no GPU: this host runs {local_size} processes but {visible} GPU(s) are "
+        f"visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+        f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
+    )
+
+
+def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> str:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if local_rank >= len(gpus):
+            raise _no_gpu_error(local_rank, local_size, len(gpus))
+        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
+        tf.config.set_visible_devices(gpus[local_rank], "GPU")
+        return f"GPU:{local_rank}"
+    if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
+        # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass
+    return "cpu"
+
+
+def _pin_torch(local_rank: int, local_size: int, threads: int | None) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise _no_gpu_error(local_rank, local_size, torch.cuda.device_count())
+        torch.cuda.set_device(local_rank)
+        return f"cuda:{local_rank}"
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return "cpu"
+
+
+def current() -> Context:
+    """The context made by :func:`init`; a clear error if it was not called."""
+    if _context is None:
+        raise RuntimeError("hvdkit.keras.init() has not been called: call ctx = hvdkit.keras.init() before building the model")
+    return _context

@@ -1,0 +1,129 @@
+"""Steps 3-5 for Keras: the distributed optimizer, the initial broadcast, the scaled rate.
+
+Example::
+
+    opt = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(1e-3)))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=hk.callbacks(warmup_epochs=2))   # broadcasts rank 0's state first
+"""
+
+from __future__ import annotations
+
+from hvdkit.core import lr as core_lr
+from hvdkit.keras.backend import keras_module
+from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.context import current
+
+OPS = ("average", "sum", "adasum")
+COMPRESSIONS = ("none", "fp16")
+
+
+def _check_options(op: str, compression: str) -> None:
+    if op not in OPS or compression not in COMPRESSIONS:
+        raise ValueError(f"op={op!r}, compression={compression!r}: op is one of {OPS}, compression one of {COMPRESSIONS}")
+
+
+def is_distributed(optimizer) -> bool:
+    return bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod.")
+
+
+def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
+                         backward_passes_per_step: int = 1):
+    """Step 3: average gradients across ranks before the optimizer applies them.
+
+    Keras 3 (TensorFlow or PyTorch backend): the optimizer's ``apply`` is
+    preceded by one grouped Horovod allreduce, so it works in ``model.fit``
+    (graph or eager) and in custom loops that call ``apply_gradients``.
+    Under a ``mixed_float16`` policy the optimizer is first wrapped in a
+    ``LossScaleOptimizer`` and the allreduce runs on the scaled gradients,
+    so every rank agrees on skipping a non-finite step.
+    For gradient accumulation in Keras 3 use the optimizer's own
+    ``gradient_accumulation_steps``. tf-keras: Horovod's own
+    ``horovod.tensorflow.keras.DistributedOptimizer`` (which takes
+    ``backward_passes_per_step``).
+    """
+    ctx = current()
+    _check_options(op, compression)
+    if is_distributed(optimizer):
+        raise ValueError("optimizer is already distributed: wrap the plain Keras optimizer once")
+    coll = for_mode(ctx.backend)
+    if ctx.backend == "tf_keras":
+        import horovod.tensorflow.keras as hvd_keras
+
+        return hvd_keras.DistributedOptimizer(optimizer, op=coll.ops[op], compression=coll.compressions[compression],
+                                              backward_passes_per_step=backward_passes_per_step)
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
+                         f"gradient_accumulation_steps={backward_passes_per_step} instead")
+    keras = keras_module(ctx.backend)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}: "
+                        "pass e.g. keras.optimizers.SGD(...)")
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    base = type(optimizer)
+
+    def apply(self, grads, trainable_variables=None):
+        return base.apply(self, coll.allreduce_gradients(list(grads), op, compression), trainable_variables)
+
+    # Swap the class in place: the optimizer keeps its config, variables and
+    # (for LossScaleOptimizer) its inner optimizer.
+    optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
+                               {"apply": apply, "_hvdkit_distributed": True, "__module__": __name__})
+    return optimizer
+
+
+def optimizer_variables(optimizer) -> list:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def ensure_built(model, optimizer) -> None:
+    """Create the optimizer's variables (zero slots; no step) if it has none yet.
+
+    Keras 3 says ``built`` (and a LossScaleOptimizer builds its inner one);
+    tf-keras keeps ``_built``.
+    """
+    if optimizer is None:
+        return
+    inner = getattr(optimizer, "inner_optimizer", None)
+    built = getattr(optimizer, "built", None)
+    if built is None:
+        built = getattr(optimizer, "_built", False)
+    if not built or (inner is not None and not inner.built):
+        optimizer.build(model.trainable_variables)
+
+
+def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
+    """Step 4: copy rank 0's model variables (weights and non-trainable state) and optimizer variables.
+
+    The optimizer is built first if needed (its slots start at zero; no step
+    is taken), so its variables exist on every rank before the broadcast.
+    """
+    ctx = current()
+    if not model.built or not model.variables:
+        raise ValueError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
+                         "or call it on one batch) before broadcast_state/fit")
+    variables = list(model.variables)
+    if optimizer is not None:
+        ensure_built(model, optimizer)
+        variables += optimizer_variables(optimizer)
+    for_mode(ctx.backend).broadcast_variables(variables, root_rank)
+
+
+def scale_lr(base_lr: float, op: str = "average") -> float:
+    """Step 5: ``base_lr`` times the number of workers (see :func:`hvdkit.core.lr.scale_lr`)."""
+    ctx = current()
+    return core_lr.scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size,
+                            on_gpu=ctx.device != "cpu")
+
+
+def set_learning_rate(optimizer, value: float) -> None:
+    """Set the rate on Keras 3, tf-keras and LossScaleOptimizer alike."""
+    optimizer.learning_rate = value
+
+
+def get_learning_rate(optimizer) -> float:
+    return float(optimizer.learning_rate.numpy() if hasattr(optimizer.learning_rate, "numpy")
+                 else optimizer.learning_rate)

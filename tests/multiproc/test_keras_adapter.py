@@ -1,0 +1,89 @@
+"""hvdkit.keras under real horovodrun (Gloo, CPU) for Keras 3 + TensorFlow, Keras 3 + PyTorch and tf-keras."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import job_env
+
+pytestmark = pytest.mark.multiproc
+MODES = ["tensorflow", "torch", "tf_keras"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("mode", MODES)
+def test_two_ranks_equal_one_process_with_fit(launch, mode, optimizer):
+    r0, r1 = launch(2, "keras_equivalence.py", "--mode", mode, "--optimizer", optimizer)
+    assert r0["size"] == r1["size"] == 2 and r0["backend"] == mode
+    assert r0["initial"] != r1["initial"], "ranks must start from different weights for the test to mean anything"
+    assert r0["after_first"] == r1["after_first"], "weights/optimizer variables differ after the first batch"
+    assert r0["final"] == r1["final"]
+    assert r0["change"] > 1e-3, "training must move the weights"
+    assert r0["max_diff"] < 1e-5
+
+
+def test_custom_training_loop_tensorflow_backend(launch):
+    r0, r1 = launch(2, "keras_equivalence.py", "--mode", "tensorflow", "--optimizer", "adam", "--loop", "custom")
+    assert r0["after_first"] == r1["after_first"] and r0["final"] == r1["final"]
+    assert r0["max_diff"] < 1e-5
+
+
+def test_unsharded_data_is_warned_about(launch, tmp_path):
+    from tests.conftest import WORKERS, horovodrun_cmd, run_job
+
+    cmd = horovodrun_cmd(2, [str(WORKERS / "keras_equivalence.py"), "--out", str(tmp_path), "--mode", "tensorflow",
+                             "--optimizer", "sgd", "--unsharded"])
+    proc = run_job(cmd, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "the data is probably not sharded" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
+def test_mixed_float16_trains_identically_on_all_ranks(launch, mode):
+    r0, r1 = launch(2, "keras_extras.py", "--mode", mode, "--task", "mixed_precision")
+    assert r0["size"] == 2
+    assert r0["compute_dtype"] == "float16"
+    assert "LossScaleOptimizer" in r0["optimizer_class"]
+    assert r0["weights"] == r1["weights"] and r0["optimizer"] == r1["optimizer"]
+    assert r0["losses"] == r1["losses"], "metric averaging must give every rank the same epoch loss"
+    assert all(np.isfinite(r0["losses"])) and r0["losses"][-1] < r0["losses"][0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_checkpoint_round_trip_across_fresh_processes(launch, tmp_path, mode):
+    saved = launch(2, "keras_extras.py", "--mode", mode, "--task", "save")
+    assert [r["wrote"] for r in saved] == [True, False], "only rank 0 writes"
+    assert saved[0]["files"].count("ckpt.npz") == 1 and not any(f.endswith(".tmp") for f in saved[0]["files"])
+    loaded = launch(2, "keras_extras.py", "--mode", mode, "--task", "load")     # new processes, new seeds
+    for r in loaded:
+        assert r["extra"] == {"epoch": 0}
+        assert r["weights"] == saved[0]["weights"]
+        assert r["optimizer"] == saved[0]["optimizer"]
+
+
+def test_jax_backend_fails_at_init_naming_the_supported_backends():
+    code = "import hvdkit.keras as hk; hk.init()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=job_env(KERAS_BACKEND="jax"))
+    assert proc.returncode != 0
+    assert "BackendError" in proc.stderr and "KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch" in proc.stderr
+
+
+@pytest.mark.parametrize("backend", MODES)
+def test_keras_example_trains_on_digits(backend):
+    import re
+    import time
+
+    from tests.conftest import ROOT, horovodrun_cmd, run_job
+
+    cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", backend, "--json"])
+    start = time.time()
+    proc = run_job(cmd, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    result = json.loads(re.search(r'(\{"dataset".*\})', proc.stdout).group(1))
+    print(f"keras example ({backend}): {result['test_accuracy']:.2%} in {time.time() - start:.1f}s wall")
+    assert result["size"] == 2 and result["backend"] == backend
+    assert result["test_accuracy"] >= 0.95

@@ -1,0 +1,62 @@
+"""Worker: hvdkit.keras mixed precision training, and checkpoint save/load across fresh processes."""
+
+import argparse
+import json
+import os
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
+p.add_argument("--task", choices=["mixed_precision", "save", "load"], required=True)
+args = p.parse_args()
+if args.mode == "tf_keras":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+else:
+    os.environ["KERAS_BACKEND"] = args.mode
+
+import numpy as np  # noqa: E402
+
+import hvdkit.keras as hk  # noqa: E402
+
+ctx = hk.init(threads=1)
+if args.mode == "tf_keras":
+    import tf_keras as keras
+else:
+    import keras
+if args.task == "mixed_precision":
+    keras.mixed_precision.set_global_policy("mixed_float16")
+
+
+def build(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(4, dtype="float32")])
+
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 16)).astype("float32")
+y = (x[:, :4].argmax(1)).astype("int64")                 # learnable: the largest of the first 4 features
+x, y = hk.shard_arrays(x, y)
+model = build(10 + ctx.rank)
+opt = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(0.005)))
+model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+ckpt = os.path.join(args.out, "ckpt.npz")
+result = {"rank": ctx.rank, "size": ctx.size, "optimizer_class": type(opt).__name__}
+if args.task == "mixed_precision":
+    history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=hk.callbacks(warmup_epochs=1))
+    result["losses"] = history.history["loss"]
+    result["compute_dtype"] = str(model.layers[0].compute_dtype)
+elif args.task == "save":
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=hk.callbacks())
+    result["wrote"] = hk.save_checkpoint(ckpt, model, opt, epoch=0)
+    result["files"] = sorted(os.listdir(args.out))
+else:
+    hk.broadcast_state(model, opt)                      # builds the optimizer
+    result["extra"] = hk.load_checkpoint(ckpt, model, opt)
+weights = [w.tolist() for w in model.get_weights()]
+result["weights"] = weights
+v = opt.variables
+result["optimizer"] = [np.asarray(t.numpy() if hasattr(t, "numpy") else t.value.cpu().numpy()).tolist()
+                       for t in (v() if callable(v) else v)]
+with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
+    json.dump(result, f)

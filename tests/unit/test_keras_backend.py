@@ -1,0 +1,30 @@
+import json
+
+import pytest
+
+from hvdkit.keras.backend import BackendError, resolve_backend
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, "tensorflow"),
+    ({"KERAS_BACKEND": "torch"}, "torch"),
+    ({"KERAS_BACKEND": "tensorflow"}, "tensorflow"),
+    ({"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "torch"}, "tf_keras"),
+    ({"TF_USE_LEGACY_KERAS": "0"}, "tensorflow"),
+])
+def test_resolve_backend(env, expected, tmp_path):
+    env = {"KERAS_HOME": str(tmp_path), **env}
+    assert resolve_backend(env) == expected
+
+
+def test_keras_json_is_read_like_keras_does(tmp_path):
+    (tmp_path / "keras.json").write_text(json.dumps({"backend": "torch"}))
+    assert resolve_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
+
+
+@pytest.mark.parametrize("name", ["jax", "numpy", "openvino"])
+def test_unsupported_backends_name_the_fix(name, tmp_path):
+    with pytest.raises(BackendError, match="KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch"):
+        resolve_backend({"KERAS_BACKEND": name, "KERAS_HOME": str(tmp_path)})
