@@ -53,6 +53,24 @@ def test_mixed_float16_trains_identically_on_all_ranks(launch, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_warmup_schedule_and_metric_averaging(launch, mode):
+    from hvdkit.core.lr import warmup_lr
+
+    r0, r1 = launch(2, "keras_extras.py", "--mode", mode, "--task", "warmup_metrics")
+    steps, target = r0["steps"], r0["target_lr"]
+    assert steps == 8 and target == pytest.approx(0.01)        # 128 samples per rank / batch 16; 0.005 x 2
+    expected = [warmup_lr(i, steps, target / 2, target) for i in range(2 * steps)]
+    for r in (r0, r1):
+        assert r["lrs"] == pytest.approx(expected, rel=1e-6), "per-batch warmup from lr/size to lr over 1 epoch"
+    # fit's reported metrics are the mean of the ranks' own values, on every rank.
+    assert r0["local"][0]["loss"] != r1["local"][0]["loss"]
+    for epoch in range(2):
+        mean = (r0["local"][epoch]["loss"] + r1["local"][epoch]["loss"]) / 2
+        assert r0["history"]["loss"][epoch] == pytest.approx(mean, rel=1e-9)
+        assert r1["history"]["loss"][epoch] == r0["history"]["loss"][epoch]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_checkpoint_round_trip_across_fresh_processes(launch, tmp_path, mode):
     saved = launch(2, "keras_extras.py", "--mode", mode, "--task", "save")
     assert [r["wrote"] for r in saved] == [True, False], "only rank 0 writes"

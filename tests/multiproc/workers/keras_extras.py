@@ -7,7 +7,7 @@ import os
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
-p.add_argument("--task", choices=["mixed_precision", "save", "load"], required=True)
+p.add_argument("--task", choices=["mixed_precision", "save", "load", "warmup_metrics"], required=True)
 args = p.parse_args()
 if args.mode == "tf_keras":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -46,6 +46,21 @@ if args.task == "mixed_precision":
     history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=hk.callbacks(warmup_epochs=1))
     result["losses"] = history.history["loss"]
     result["compute_dtype"] = str(model.layers[0].compute_dtype)
+elif args.task == "warmup_metrics":
+    lrs, local_logs = [], []
+
+    class RecordLocal(keras.callbacks.Callback):         # runs before hvdkit's: sees this rank's own metrics
+        def on_epoch_end(self, epoch, logs=None):
+            local_logs.append(dict(logs))
+
+    class RecordLR(keras.callbacks.Callback):           # runs after hvdkit's warmup has set the rate
+        def on_train_batch_begin(self, batch, logs=None):
+            lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                        callbacks=[RecordLocal()] + hk.callbacks(RecordLR(), warmup_epochs=1))
+    result.update(lrs=lrs, local=local_logs, history=history.history, target_lr=hk.scale_lr(0.005),
+                  steps=len(lrs) // 2)
 elif args.task == "save":
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=hk.callbacks())
     result["wrote"] = hk.save_checkpoint(ckpt, model, opt, epoch=0)
