@@ -6,9 +6,13 @@ import argparse
 import sys
 
 from hvdkit import __version__
+from hvdkit.cli import doctor as doctor_cmd
 from hvdkit.cli import env as env_cmd
+from hvdkit.cli import hosts as hosts_cmd
+from hvdkit.cli import launch as launch_cmd
+from hvdkit.core.errors import UserError
 
-SUBCOMMANDS = (env_cmd,)
+SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hvdkit", description="Horovod data-parallel training for PyTorch and Keras."
     )
     parser.add_argument("--version", action="version", version=f"hvdkit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     return parser
@@ -28,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"hvdkit {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

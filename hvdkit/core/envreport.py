@@ -65,9 +65,21 @@ class EnvReport:
     horovod_error: str | None
     mpi: str | None
     gpus: list[str]
+    hostname: str = ""
+    cpu_count: int = 0
+    interfaces: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EnvReport":
+        """The inverse of :meth:`to_dict` (e.g. another host's ``hvdkit env --json``)."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if known.get("horovod") is not None:
+            hb = known["horovod"]
+            known["horovod"] = HorovodBuild(**{k: v for k, v in hb.items() if k in HorovodBuild.__dataclass_fields__})
+        return cls(**known)
 
 
 def package_version(names: tuple[str, ...]) -> str | None:
@@ -156,6 +168,17 @@ def probe_horovod(python: str = sys.executable) -> tuple[HorovodBuild | None, st
         return None, f"horovod probe failed: {tail}"
 
 
+def ipv4_interfaces() -> dict[str, list[str]]:
+    """Interface name -> its IPv4 addresses (what --network-interface chooses between)."""
+    import socket
+
+    import psutil  # a Horovod requirement, so present wherever hvdkit runs jobs
+
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in sorted(psutil.net_if_addrs().items())
+            if any(a.family == socket.AF_INET for a in addrs)}
+
+
 def collect() -> EnvReport:
     """Gather the report for this interpreter (takes a few seconds: it imports Horovod in a subprocess)."""
     build, error = probe_horovod()
@@ -170,6 +193,9 @@ def collect() -> EnvReport:
         horovod_error=error,
         mpi=mpi_version(),
         gpus=gpu_names(),
+        hostname=platform.node(),
+        cpu_count=os.cpu_count() or 0,
+        interfaces=ipv4_interfaces(),
     )
 
 
@@ -189,6 +215,8 @@ def render_text(report: EnvReport) -> str:
     lines.append(f"torch CUDA  {report.torch_cuda or 'none (CPU build)'}")
     lines.append(f"MPI         {report.mpi or 'not found'}")
     lines.append(f"GPUs        {', '.join(report.gpus) if report.gpus else 'none visible'}")
+    lines.append(f"host        {report.hostname}, {report.cpu_count} CPU cores, interfaces "
+                 + ", ".join(f"{n} ({', '.join(a)})" for n, a in report.interfaces.items()))
     hb = report.horovod
     if hb is None:
         lines.append(f"horovod     NOT USABLE: {report.horovod_error}")

@@ -1,0 +1,40 @@
+"""`hvdkit doctor`: pre-flight checks for a multi-host launch, one row per host and check.
+
+    hvdkit doctor -H server1:4,server2:4 -p 12345
+    hvdkit doctor --hostfile hostfiles/cluster-4x4 --network-interface eth0 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hvdkit.cli.hosts import add_host_arguments, spec_from_args
+from hvdkit.core.doctor import DoctorConfig, render, run_doctor
+
+
+def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's ssh and network options (shared by doctor and launch)."""
+    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port on every host (horovodrun -p)")
+    parser.add_argument("-i", "--ssh-identity-file", help="private key for ssh (horovodrun --ssh-identity-file)")
+    parser.add_argument("--network-interface", help="interface for Horovod traffic, e.g. eth0")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("doctor", help="check ssh, versions, slots, network and a cross-host allreduce",
+                            description="Pre-flight checks before a multi-host horovodrun; exit 1 on any failure.")
+    add_host_arguments(parser)
+    add_ssh_arguments(parser)
+    parser.add_argument("--no-allreduce", action="store_true", help="skip the cross-host allreduce")
+    parser.add_argument("--json", action="store_true", help="the checks as JSON")
+    parser.set_defaults(func=command)
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    cfg = DoctorConfig(hosts=spec_from_args(args), ssh_port=args.ssh_port,
+                       ssh_identity_file=args.ssh_identity_file, network_interface=args.network_interface,
+                       allreduce=not args.no_allreduce)
+    report = run_doctor(cfg)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,64 @@
+"""`hvdkit hosts`: validate and convert host lists, and show where each rank runs.
+
+    hvdkit hosts -H server1:4,server2:4 -np 6       # rank -> host/local_rank table
+    hvdkit hosts --hostfile hostfiles/cluster-4x4 --to hosts      # server1:4,server2:4,...
+    hvdkit hosts -H a:2,b:2 --to hostfile > myhosts                # bare Horovod hostfile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import HostSpec, parse_hostfile, parse_hosts_string, rank_layout, to_hostfile, to_hosts_string
+
+
+def add_host_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """-H / --hostfile, as horovodrun spells them (shared by hosts, doctor and launch)."""
+    group = parser.add_mutually_exclusive_group(required=required)
+    group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
+    group.add_argument("--hostfile", help="file with one '<host> slots=<N>' a line")
+
+
+def spec_from_args(args: argparse.Namespace) -> HostSpec:
+    if args.hostfile:
+        return parse_hostfile(args.hostfile)
+    if args.hosts:
+        return parse_hosts_string(args.hosts)
+    raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("hosts", help="validate/convert -H strings and hostfiles, show the rank layout",
+                            description="Validate and convert host lists; print where each rank runs.")
+    add_host_arguments(parser)
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, help="processes (default: all slots)")
+    parser.add_argument("--to", choices=["table", "hosts", "hostfile"], default="table",
+                        help="output: rank table (default), a -H string, or a bare hostfile")
+    parser.add_argument("--json", action="store_true", help="hosts and rank layout as JSON")
+    parser.set_defaults(func=command)
+    return parser
+
+
+def command(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    np = args.np if args.np is not None else spec.total_slots
+    layout = rank_layout(spec, np)
+    if args.json:
+        print(json.dumps({"source": spec.source, "np": np, "total_slots": spec.total_slots,
+                          "hosts": [{"name": h.name, "slots": h.slots} for h in spec.hosts],
+                          "hosts_string": to_hosts_string(spec),
+                          "ranks": [{"rank": p.rank, "host": p.host, "local_rank": p.local_rank} for p in layout]},
+                         indent=2))
+    elif args.to == "hosts":
+        print(to_hosts_string(spec))
+    elif args.to == "hostfile":
+        print(to_hostfile(spec), end="")
+    else:
+        print(f"{len(spec.hosts)} host(s), {spec.total_slots} slots, np={np}  "
+              f"(horovodrun -np {np} -H {to_hosts_string(spec)})")
+        print(f"{'rank':>4}  {'host':<24} local_rank")
+        for p in layout:
+            print(f"{p.rank:>4}  {p.host:<24} {p.local_rank}")
+    return 0

@@ -1,0 +1,69 @@
+"""`hvdkit launch`: validate, print the exact horovodrun command, then run it.
+
+    hvdkit launch -np 4 -H hosta:2,hostb:2 -p 12345 -- python examples/pytorch_mnist.py
+    hvdkit launch -np 2 -H localhost:2 --gloo --dry-run -- python train.py   # print only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from hvdkit.cli.doctor import add_ssh_arguments
+from hvdkit.cli.hosts import add_host_arguments, spec_from_args
+from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, _run, _ssh_fix, ssh_argv
+from hvdkit.core.envreport import probe_horovod
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import LOCAL_NAMES
+from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, plan_launch
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
+                            description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
+                                        "check the hosts answer over ssh, print the command, run it.")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of processes")
+    add_host_arguments(parser)
+    add_ssh_arguments(parser)
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="use MPI")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("--no-check", action="store_true", help="skip the ssh reachability check")
+    parser.add_argument("train_command", nargs=argparse.REMAINDER, help="-- python train.py ...")
+    parser.set_defaults(func=command, controller="auto")
+    return parser
+
+
+def quick_check(hosts: list[str], port: int | None, identity: str | None) -> None:
+    """Every remote host answers ssh within the connect timeout; raise naming the first that does not."""
+    remote = [h for h in hosts if h not in LOCAL_NAMES]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
+        results = list(pool.map(lambda h: _run(ssh_argv(h, "true", port, identity), SSH_CONNECT_TIMEOUT_S + 10), remote))
+    for host, (rc, _, err) in zip(remote, results):
+        if rc != 0:
+            raise UserError(f"ssh to {host} failed ({(err.strip().splitlines() or ['exit %d' % rc])[-1]}): "
+                            f"{_ssh_fix(host, err, port)}; 'hvdkit doctor' checks everything")
+
+
+def command(args: argparse.Namespace) -> int:
+    cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
+    check_command(cmd)
+    build, error = probe_horovod()
+    if build is None:
+        raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
+    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cfg = LaunchConfig(np=args.np, hosts=spec_from_args(args), command=cmd, controller=args.controller,
+                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                       network_interface=args.network_interface,
+                       horovodrun=launcher if os.path.exists(launcher) else "horovodrun")
+    plan = plan_launch(cfg, BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"]))
+    if not args.no_check and not args.dry_run:
+        quick_check(cfg.hosts.names, args.ssh_port, args.ssh_identity_file)
+    print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
+    if args.dry_run:
+        return 0
+    os.execvp(plan.argv[0], list(plan.argv))  # horovodrun replaces us: its exit code and signals are the job's
+    return 0

@@ -1,0 +1,235 @@
+"""Pre-flight checks for multi-host launches, each a row with pass/fail and a fix.
+
+Per host: ssh as the launcher will use it, the same Python/hvdkit/Horovod/framework
+versions as the driver, Horovod's build flags, slots versus GPUs (or CPU
+cores), and the network interfaces; then one interface common to all hosts and
+a small cross-host allreduce. Every remote call has a timeout, so a dead host
+costs seconds, not a hang.
+
+Example::
+
+    report = run_doctor(DoctorConfig(hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345))
+    print(render(report)); sys.exit(0 if report.ok else 1)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from hvdkit.core.envreport import EnvReport, collect
+from hvdkit.core.hosts import LOCAL_NAMES, HostSpec, to_hosts_string
+
+SSH_CONNECT_TIMEOUT_S = 5
+REMOTE_TIMEOUT_S = 60
+ALLREDUCE_TIMEOUT_S = 90
+# Compared across hosts: a mismatch in any of these breaks or skews a job.
+COMPARED_PACKAGES = ("torch", "tensorflow", "keras", "horovod")
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    hosts: HostSpec
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    network_interface: str | None = None
+    python: str = sys.executable
+    allreduce: bool = True
+
+
+@dataclass
+class Check:
+    host: str
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+    network_interface: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "seconds": round(self.seconds, 2), "network_interface": self.network_interface,
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def ssh_argv(host: str, remote_command: str, port: int | None, identity: str | None) -> list[str]:
+    """ssh with the options horovodrun uses, plus batch mode and a connect timeout."""
+    argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
+    if port is not None:
+        argv += ["-p", str(port)]
+    if identity:
+        argv += ["-i", identity]
+    return argv + [host, remote_command]
+
+
+def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return out.returncode, out.stdout, out.stderr
+    except subprocess.TimeoutExpired:
+        return 124, "", f"no answer within {timeout:.0f}s"
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+
+
+def _ssh_fix(host: str, err: str, port: int | None) -> str:
+    p = port or 22
+    if "Connection refused" in err:
+        return f"nothing listens on {host}:{p}: start sshd there, or pass the port it uses with -p"
+    if "Permission denied" in err:
+        return f"{host} refused the key: add your public key to {host}:~/.ssh/authorized_keys or pass -i KEY"
+    if "Could not resolve" in err or "Name or service not known" in err:
+        return f"{host} does not resolve: add it to /etc/hosts or DNS on the driver"
+    if "timed out" in err or "no answer" in err or "No route" in err:
+        return f"{host} did not answer: check that it is up and reachable from this machine"
+    return f"make 'ssh -p {p} {host} true' work without a prompt"
+
+
+def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> tuple[list[Check], EnvReport | None]:
+    """ssh, versions, build flags and slots for one host; returns its env report when reachable."""
+    checks: list[Check] = []
+    remote = f"{shlex.quote(cfg.python)} -m hvdkit env --json"
+    if host in LOCAL_NAMES:
+        argv = [cfg.python, "-m", "hvdkit", "env", "--json"]
+        checks.append(Check(host, "ssh", True, "local host: no ssh needed"))
+    else:
+        rc, _, err = _run(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file), SSH_CONNECT_TIMEOUT_S + 10)
+        if rc != 0:
+            last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+            checks.append(Check(host, "ssh", False, last, _ssh_fix(host, err, cfg.ssh_port)))
+            return checks, None
+        checks.append(Check(host, "ssh", True, f"port {cfg.ssh_port or 22}, key-only"))
+        argv = ssh_argv(host, remote, cfg.ssh_port, cfg.ssh_identity_file)
+    rc, out, err = _run(argv, REMOTE_TIMEOUT_S)
+    try:
+        report = EnvReport.from_dict(json.loads(out))
+    except (json.JSONDecodeError, TypeError):
+        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        checks.append(Check(host, "hvdkit", False, f"'{remote}' failed: {last}",
+                            f"install hvdkit at {cfg.python} on {host} (the same path as here; use the same image)"))
+        return checks, None
+
+    diffs = []
+    if report.python != driver.python:
+        diffs.append(f"python {report.python} (driver {driver.python})")
+    if report.hvdkit != driver.hvdkit:
+        diffs.append(f"hvdkit {report.hvdkit} (driver {driver.hvdkit})")
+    for name in COMPARED_PACKAGES:
+        if report.packages.get(name) != driver.packages.get(name):
+            diffs.append(f"{name} {report.packages.get(name)} (driver {driver.packages.get(name)})")
+    checks.append(Check(host, "versions", not diffs, "; ".join(diffs) or
+                        f"python {report.python}, hvdkit {report.hvdkit}, horovod {report.packages.get('horovod')}",
+                        "" if not diffs else f"install the driver's versions on {host}: run scripts/install.sh there "
+                        "from the same checkout (or use the same image)"))
+
+    hb, db = report.horovod, driver.horovod
+    if hb is None:
+        checks.append(Check(host, "horovod build", False, report.horovod_error or "unusable",
+                            f"rebuild Horovod on {host} with scripts/install.sh"))
+    else:
+        same = db is not None and hb.controllers == db.controllers and hb.frameworks == db.frameworks
+        flags = ", ".join(k for d in (hb.frameworks, hb.controllers) for k, v in d.items() if v)
+        checks.append(Check(host, "horovod build", same, flags,
+                            "" if same else f"rebuild Horovod on {host} with the same scripts/install.sh mode"))
+
+    if report.gpus:
+        ok = len(report.gpus) >= slots
+        checks.append(Check(host, "slots", ok, f"{slots} slots, {len(report.gpus)} GPUs",
+                            "" if ok else f"lower {host}'s slots to {len(report.gpus)} (one process per GPU)"))
+    else:
+        ok = slots <= report.cpu_count
+        checks.append(Check(host, "slots", ok, f"CPU host: {slots} slots, {report.cpu_count} cores",
+                            "" if ok else f"lower {host}'s slots to {report.cpu_count} (its CPU cores) or use a GPU host"))
+    return checks, report
+
+
+def common_interface(reports: dict[str, EnvReport], requested: str | None,
+                     local_only: bool) -> tuple[Check, str | None]:
+    """One interface name present, with an IPv4 address, on every host; returns (check, name to use)."""
+    if requested:
+        missing = [h for h, r in reports.items() if requested not in r.interfaces]
+        if missing:
+            h = missing[0]
+            return Check(h, "network", False, f"interface {requested} is missing on {', '.join(missing)} "
+                         f"({h} has {', '.join(reports[h].interfaces) or 'none'})",
+                         "pass --network-interface with a name every host has"), None
+        return Check("*", "network", True, f"{requested} on every host"), requested
+    names = set.intersection(*(set(r.interfaces) for r in reports.values())) if reports else set()
+    routable = sorted(n for n in names if local_only or not all(a.startswith("127.") for r in reports.values()
+                                                                   for a in r.interfaces[n]))
+    if not routable:
+        listing = "; ".join(f"{h}: {', '.join(r.interfaces)}" for h, r in reports.items())
+        return Check("*", "network", False, f"no interface name with a routable address is common to all hosts ({listing})",
+                     "give the hosts' interfaces one name, or use NCCL_SOCKET_IFNAME/--network-interface per host"), None
+    if local_only:
+        return Check("*", "network", True, "local job: loopback"), None
+    return Check("*", "network", True, f"common: {', '.join(routable)} (use --network-interface {routable[0]})"), routable[0]
+
+
+def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
+    launcher = os.path.join(os.path.dirname(cfg.python), "horovodrun")
+    argv = [launcher if os.path.exists(launcher) else "horovodrun", "-np", str(cfg.hosts.total_slots), "-H", to_hosts_string(cfg.hosts), "--gloo"]
+    if cfg.ssh_port is not None:
+        argv += ["-p", str(cfg.ssh_port)]
+    if cfg.ssh_identity_file:
+        argv += ["--ssh-identity-file", cfg.ssh_identity_file]
+    if interface:
+        argv += ["--network-interface", interface]
+    argv += [cfg.python, "-m", "hvdkit.torch.selfcheck"]
+    start = time.time()
+    rc, out, err = _run(argv, ALLREDUCE_TIMEOUT_S)
+    lines = [line for line in out.splitlines() if "hvdkit-selfcheck" in line]
+    ok = rc == 0 and len(lines) == cfg.hosts.total_slots and all("ok=True" in line for line in lines)
+    hosts = sorted({line.split("host=")[1].split()[0] for line in lines})
+    detail = (f"{len(lines)} ranks on {', '.join(hosts)} in {time.time() - start:.1f}s" if ok
+              else f"exit {rc}: {((err or out).strip().splitlines() or ['no output'])[-1][:200]}")
+    return Check("*", "allreduce", ok, detail, "" if ok else "run the command by hand with --verbose: " + shlex.join(argv))
+
+
+def run_doctor(cfg: DoctorConfig) -> DoctorReport:
+    start = time.time()
+    driver = collect()
+    report = DoctorReport()
+    slots = {h.name: h.slots for h in cfg.hosts.hosts}
+    with ThreadPoolExecutor(max_workers=min(16, len(slots))) as pool:
+        results = list(pool.map(lambda h: check_host(h, cfg, driver, slots[h]), slots))
+    reports = {}
+    for host, (checks, env) in zip(slots, results):
+        report.checks += checks
+        if env is not None:
+            reports[host] = env
+    if len(reports) == len(slots):
+        net, report.network_interface = common_interface(reports, cfg.network_interface, cfg.hosts.is_local_only())
+        report.checks.append(net)
+        if cfg.allreduce and report.ok:
+            report.checks.append(cross_host_allreduce(cfg, report.network_interface))
+    report.seconds = time.time() - start
+    return report
+
+
+def render(report: DoctorReport) -> str:
+    rows = [("host", "check", "result", "detail / fix")]
+    for c in report.checks:
+        rows.append((c.host, c.name, "pass" if c.ok else "FAIL", c.detail + (f"  -> {c.fix}" if c.fix else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
+    verdict = "all checks passed" if report.ok else f"{sum(not c.ok for c in report.checks)} check(s) failed"
+    lines.append(f"{verdict} in {report.seconds:.1f}s")
+    return "\n".join(lines)

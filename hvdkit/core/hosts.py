@@ -1,0 +1,185 @@
+"""Host lists for multi-host jobs: parse, validate, convert, and lay out ranks.
+
+Two spellings, as horovodrun takes them:
+
+- ``-H server1:4,server2:4`` (a hosts string);
+- a hostfile, one host a line: Horovod's ``server1 slots=4``. hvdkit also
+  accepts what Horovod 0.28.1's own parser crashes on: ``#`` comments, blank
+  lines, OpenMPI's ``max_slots=`` and ``server1:4`` lines.
+
+Example::
+
+    spec = parse_hosts_string("server1:4,server2:4")
+    spec.total_slots                     # 8
+    rank_layout(spec, np=6)[5]           # RankPlacement(rank=5, host='server2', local_rank=1)
+    to_hostfile(spec)                    # "server1 slots=4\\nserver2 slots=4\\n"
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hvdkit.core.errors import UserError
+
+# RFC 1123 host names, or IPv4 addresses.
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_IPV4 = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+class HostSpecError(UserError, ValueError):
+    """A malformed host list; the message names where (file:line or the -H item) and the fix."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    hosts: tuple[Host, ...]
+    source: str = "-H"
+
+    @property
+    def total_slots(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def is_local_only(self) -> bool:
+        return all(h.name in LOCAL_NAMES for h in self.hosts)
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    rank: int
+    host: str
+    local_rank: int
+
+
+@dataclass
+class _Builder:
+    source: str
+    hosts: list[Host] = field(default_factory=list)
+    where: dict[str, str] = field(default_factory=dict)
+
+    def add(self, name: str, slots: int, where: str) -> None:
+        if not valid_hostname(name):
+            raise HostSpecError(f"{where}: {name!r} is not a valid host name or IPv4 address: use letters, digits, "
+                                "'-' and '.', e.g. server1 or 10.0.0.5")
+        if slots < 1:
+            raise HostSpecError(f"{where}: host {name!r} has {slots} slots: give it at least 1 (its number of GPUs)")
+        if name in self.where:
+            raise HostSpecError(f"{where}: host {name!r} is listed twice (first at {self.where[name]}): "
+                                "list each host once with its total slots")
+        self.where[name] = where
+        self.hosts.append(Host(name, slots))
+
+    def build(self) -> HostSpec:
+        if not self.hosts:
+            raise HostSpecError(f"{self.source}: no hosts listed: add lines like 'server1 slots=4'")
+        return HostSpec(tuple(self.hosts), self.source)
+
+
+def valid_hostname(name: str) -> bool:
+    ip = _IPV4.match(name)
+    if ip:
+        return all(0 <= int(part) <= 255 for part in ip.groups())
+    return bool(_HOSTNAME.match(name)) and not name.replace(".", "").isdigit()
+
+
+def _slots(text: str, where: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise HostSpecError(f"{where}: slots for {name!r} must be a whole number, got {text!r}: "
+                            f"write e.g. '{name} slots=4'") from None
+
+
+def parse_hosts_string(text: str) -> HostSpec:
+    """Parse horovodrun's ``-H host1:slots,host2:slots`` (a missing ``:slots`` is an error)."""
+    builder = _Builder("-H")
+    items = [item.strip() for item in text.split(",")]
+    for i, item in enumerate(items, 1):
+        where = f"-H item {i} ({item!r})"
+        if not item:
+            raise HostSpecError(f"-H item {i} is empty: remove the extra comma in {text!r}")
+        name, sep, slots = item.partition(":")
+        if not sep:
+            raise HostSpecError(f"{where}: slots are missing: write {name}:N with N the processes for that host")
+        builder.add(name, _slots(slots, where, name), where)
+    return builder.build()
+
+
+def parse_hostfile_text(text: str, path: str = "<hostfile>") -> HostSpec:
+    """Parse a hostfile; errors carry ``path:line``."""
+    builder = _Builder(path)
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{lineno}"
+        fields = line.split()
+        name = fields[0]
+        slots = None
+        if ":" in name and len(fields) == 1:             # server1:4
+            name, _, count = name.partition(":")
+            slots = _slots(count, where, name)
+        for extra in fields[1:]:
+            key, sep, value = extra.partition("=")
+            if key == "slots" and sep:
+                slots = _slots(value, where, name)
+            elif key == "max_slots" and sep:             # OpenMPI: an upper bound, not the count
+                _slots(value, where, name)
+            else:
+                raise HostSpecError(f"{where}: unexpected {extra!r}: a line is '<host> slots=<N>'")
+        if slots is None:
+            raise HostSpecError(f"{where}: slots are missing for {name!r}: write '{name} slots=N' "
+                                "with N the processes (GPUs) for that host")
+        builder.add(name, slots, where)
+    return builder.build()
+
+
+def parse_hostfile(path: str) -> HostSpec:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise HostSpecError(f"cannot read hostfile {path!r} ({exc.strerror}): check the path") from None
+    return parse_hostfile_text(text, path)
+
+
+def check_np(spec: HostSpec, np: int) -> None:
+    """Raise when ``np`` does not fit in the spec's slots (with the per-host numbers)."""
+    if np < 1:
+        raise HostSpecError(f"np={np}: run at least 1 process")
+    if np > spec.total_slots:
+        detail = ", ".join(f"{h.name} has {h.slots}" for h in spec.hosts)
+        raise HostSpecError(f"np={np} but {spec.source} has {spec.total_slots} slots ({detail}): "
+                            f"lower -np to {spec.total_slots} or add slots")
+
+
+def rank_layout(spec: HostSpec, np: int) -> list[RankPlacement]:
+    """The rank -> (host, local_rank) map horovodrun uses: fill each host's slots in order."""
+    check_np(spec, np)
+    layout = []
+    for host in spec.hosts:
+        for local_rank in range(host.slots):
+            if len(layout) == np:
+                return layout
+            layout.append(RankPlacement(len(layout), host.name, local_rank))
+    return layout
+
+
+def to_hosts_string(spec: HostSpec) -> str:
+    return ",".join(f"{h.name}:{h.slots}" for h in spec.hosts)
+
+
+def to_hostfile(spec: HostSpec) -> str:
+    """Horovod's hostfile format, bare (no comments: horovodrun 0.28.1 cannot read them)."""
+    return "".join(f"{h.name} slots={h.slots}\n" for h in spec.hosts)

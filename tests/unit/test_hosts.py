@@ -1,0 +1,79 @@
+"""Host lists: every example in hostfiles/ round-trips; malformed input gets file:line and the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from hvdkit.core.hosts import (
+    HostSpecError, check_np, parse_hostfile, parse_hostfile_text, parse_hosts_string, rank_layout,
+    to_hostfile, to_hosts_string,
+)
+
+pytestmark = pytest.mark.unit
+HOSTFILES = sorted(p for p in (Path(__file__).parents[2] / "hostfiles").iterdir() if p.suffix != ".md")
+
+
+def test_there_are_examples():
+    assert {p.name for p in HOSTFILES} >= {"single-node", "cluster-4x4"}
+
+
+@pytest.mark.parametrize("path", HOSTFILES, ids=lambda p: p.name)
+def test_every_example_round_trips(path):
+    spec = parse_hostfile(str(path))
+    assert parse_hosts_string(to_hosts_string(spec)).hosts == spec.hosts
+    assert parse_hostfile_text(to_hostfile(spec)).hosts == spec.hosts
+    # The examples are read by plain horovodrun too, whose parser takes only bare lines.
+    assert path.read_text() == to_hostfile(spec)
+
+
+def test_rank_layout_fills_hosts_in_order():
+    spec = parse_hosts_string("server1:4,server2:4")
+    layout = rank_layout(spec, 6)
+    assert [(p.rank, p.host, p.local_rank) for p in layout] == [
+        (0, "server1", 0), (1, "server1", 1), (2, "server1", 2), (3, "server1", 3),
+        (4, "server2", 0), (5, "server2", 1)]
+
+
+def test_hostfile_accepts_what_horovod_crashes_on():
+    text = "# two test hosts\n\nhosta slots=2   # first\nhostb slots=2 max_slots=4\nhostc:1\n"
+    spec = parse_hostfile_text(text, "h.txt")
+    assert to_hosts_string(spec) == "hosta:2,hostb:2,hostc:1"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a slots=2\na slots=2\n", "h:2: host 'a' is listed twice (first at h:1)"),
+    ("a slots=0\n", "h:1: host 'a' has 0 slots"),
+    ("\n# x\na\n", "h:3: slots are missing for 'a'"),
+    ("a slots=two\n", "h:1: slots for 'a' must be a whole number"),
+    ("a gpus=2\n", "h:1: unexpected 'gpus=2'"),
+    ("bad_name slots=1\n", "h:1: 'bad_name' is not a valid host name"),
+    ("-lead slots=1\n", "h:1: '-lead' is not a valid host name"),
+    ("300.1.1.1 slots=1\n", "h:1: '300.1.1.1' is not a valid host name"),
+    ("# only comments\n\n", "h: no hosts listed"),
+])
+def test_malformed_hostfiles(text, message):
+    with pytest.raises(HostSpecError) as info:
+        parse_hostfile_text(text, "h")
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a:2,,b:2", "-H item 2 is empty"),
+    ("a", "slots are missing: write a:N"),
+    ("a:2,a:1", "listed twice"),
+    ("a:-1", "has -1 slots"),
+    ("a:x", "must be a whole number"),
+])
+def test_malformed_hosts_strings(text, message):
+    with pytest.raises(HostSpecError, match=message):
+        parse_hosts_string(text)
+
+
+def test_np_larger_than_slots_names_each_host():
+    with pytest.raises(HostSpecError, match=r"np=8 but -H has 6 slots \(server1 has 4, server2 has 2\)"):
+        check_np(parse_hosts_string("server1:4,server2:2"), 8)
+
+
+def test_unreadable_hostfile(tmp_path):
+    with pytest.raises(HostSpecError, match="cannot read hostfile"):
+        parse_hostfile(str(tmp_path / "missing"))

@@ -1,0 +1,50 @@
+import pytest
+
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import HostSpecError, parse_hosts_string
+from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, plan_launch
+
+pytestmark = pytest.mark.unit
+BOTH = BuildFlags(mpi=True, gloo=True)
+
+
+def cfg(**kw):
+    base = dict(np=4, hosts=parse_hosts_string("hosta:2,hostb:2"), command=("python", "train.py"))
+    base.update(kw)
+    return LaunchConfig(**base)
+
+
+def test_plan_is_the_horovodrun_line():
+    plan = plan_launch(cfg(ssh_port=12345, network_interface="eth0", ssh_identity_file="/k"), BOTH)
+    assert plan.argv == ("horovodrun", "-np", "4", "-H", "hosta:2,hostb:2", "--mpi", "-p", "12345",
+                         "--ssh-identity-file", "/k", "--network-interface", "eth0", "python", "train.py")
+    assert plan.shell().startswith("horovodrun -np 4 -H hosta:2,hostb:2 --mpi")
+
+
+@pytest.mark.parametrize("build, requested, expected", [
+    (BOTH, "auto", "mpi"),
+    (BuildFlags(mpi=False, gloo=True), "auto", "gloo"),
+    (BOTH, "gloo", "gloo"),
+])
+def test_controller_choice(build, requested, expected):
+    assert plan_launch(cfg(controller=requested), build).controller == expected
+
+
+@pytest.mark.parametrize("kw, build, message", [
+    (dict(np=5), BOTH, "np=5 but -H has 4 slots"),
+    (dict(controller="mpi"), BuildFlags(mpi=False, gloo=True), "built without MPI"),
+    (dict(controller="nccl"), BOTH, "controller 'nccl' is unknown"),
+    (dict(ssh_port=70000), BOTH, "out of range"),
+])
+def test_bad_configs(kw, build, message):
+    with pytest.raises((UserError, HostSpecError), match=message):
+        plan_launch(cfg(**kw), build)
+
+
+def test_command_checks():
+    with pytest.raises(UserError, match="no training command"):
+        check_command(())
+    with pytest.raises(UserError, match="script 'nope.py' does not exist"):
+        check_command(("python", "nope.py"), exists=lambda p: False)
+    check_command(("python", "-m", "mod"), exists=lambda p: False)
+    check_command(("python3", "ok.py"), exists=lambda p: True)
