@@ -49,6 +49,8 @@ CMAKE_VERSION=3.31.10
 # Debian packages installed when missing: MPI (OpenMPI 4.1.4 on Debian 12) and patch.
 OPENMPI_APT_PACKAGES="openmpi-bin libopenmpi-dev"
 PATCH_APT_PACKAGES="patch"
+# For the multi-host tests (test hosts in network namespaces with sshd); optional elsewhere.
+TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2"
 PYTHON_MIN=3.10
 PYTHON_MAX=3.13
 # -----------------------------------------------------------------------------
@@ -163,6 +165,21 @@ need_debian() {  # need_debian WHAT "PACKAGES" COMMAND...
 
 check_mpi() { need_debian OpenMPI "$OPENMPI_APT_PACKAGES" mpicxx mpirun; }
 
+# The multi-host tests' tools: installed when we may use apt, otherwise only noted.
+want_test_host_tools() {
+  if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then
+    command -v ip >/dev/null 2>&1 && return 0
+  fi
+  if [ "$CHECK_ONLY" = 0 ] && can_apt; then
+    step "installing the multi-host test tools ($TEST_HOSTS_APT_PACKAGES)"
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $TEST_HOSTS_APT_PACKAGES >/dev/null; } \
+      || echo "    note: could not install $TEST_HOSTS_APT_PACKAGES; tests/multihost will fail until they are installed" >&2
+  else
+    echo "    note: tests/multihost need $TEST_HOSTS_APT_PACKAGES and root (apt-get install $TEST_HOSTS_APT_PACKAGES)" >&2
+  fi
+}
+
 check_cuda() {
   [ "$MODE" = gpu ] || return 0
   local cuda=${CUDA_HOME:-/usr/local/cuda}
@@ -182,6 +199,7 @@ check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda
+if [ "$MODE" = cpu ]; then want_test_host_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
 
