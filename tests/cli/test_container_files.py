@@ -1,0 +1,157 @@
+"""Dockerfile.gpu and docker-compose.yml, checked without a Docker engine.
+
+hadolint and the Compose Specification schema (vendored by check-jsonschema, both
+pinned in scripts/install.sh), plus what those tools cannot know: the image's
+pins equal the install script's, no key is baked in, sshd is key-only, and the
+compose services, hostfiles and launcher commands agree.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, ROOT
+from tests.cli.test_install_script import pins
+
+pytestmark = pytest.mark.cli
+DOCKERFILE = ROOT / "Dockerfile.gpu"
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                            if not line.lstrip().startswith("#")))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    result, current = {}, None
+    for word, rest in instructions():
+        if word == "FROM":
+            current = rest.split(" AS ")[-1].strip() if " AS " in rest else rest
+            result[current] = []
+        elif current:
+            result[current].append((word, rest))
+    return result
+
+
+def test_hadolint_passes_and_every_ignore_has_a_reason():
+    proc = subprocess.run([str(BIN / "hadolint"), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = DOCKERFILE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore=" in line:
+            assert "Reason" in lines[i - 1] or "Reason" in lines[i - 2], f"line {i + 1}: an ignore without a reason"
+
+
+def test_compose_file_matches_the_compose_specification():
+    proc = subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_image_versions_are_the_install_scripts():
+    p = pins()
+    labels = dict(re.findall(r'io\.hvdkit\.(\w+)="([^"]+)"', DOCKERFILE.read_text()))
+    assert labels == {"horovod": p["HOROVOD_VERSION"], "torch": p["TORCH_VERSION"],
+                      "tensorflow": p["TENSORFLOW_VERSION"], "keras": p["KERAS_VERSION"]}
+    runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
+    assert "bash scripts/install.sh --gpu" in runs, "the image must build Horovod with the install script"
+    # No framework is installed beside the script (a second source of versions).
+    assert not re.search(r"pip3? install", runs)
+    for name in ("torch", "tensorflow", "horovod", "keras"):
+        assert not re.search(rf"{name}==", DOCKERFILE.read_text())
+    assert re.search(r"ARG CUDA_VERSION=\d+\.\d+\.\d+", DOCKERFILE.read_text()), "the base image tag is pinned"
+
+
+def test_build_fails_without_nccl_torch_or_tensorflow():
+    runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
+    assert "horovodrun --check-build" in runs and "hvdkit env --json" in runs
+    assert "['nccl']" in runs and "['torch']" in runs and "['tensorflow']" in runs
+
+
+def test_no_secret_or_private_key_in_the_image():
+    for word, rest in instructions():
+        if word in ("COPY", "ADD"):
+            assert not re.search(r"id_(rsa|ed25519|ecdsa)(?!\.pub)|\.pem|\.key\b|authorized_keys", rest), rest
+        if word == "RUN":
+            assert "ssh-keygen" not in rest, "keys are made at run time (entrypoint, keygen service), not in a layer"
+        if word in ("ENV", "ARG"):
+            assert not re.search(r"(PASSWORD|TOKEN|SECRET)=", rest, re.I), rest
+    runtime = " ".join(rest for word, rest in stages()["runtime"] if word == "RUN")
+    assert "rm -f /etc/ssh/ssh_host_*" in runtime, "the host keys apt generated must not ship in the image"
+
+
+def test_sshd_is_key_only_on_port_12345():
+    cfg = dict(line.split(None, 1) for line in (ROOT / "docker" / "sshd_config").read_text().splitlines()
+               if line.strip() and not line.startswith("#"))
+    assert cfg["Port"] == "12345"
+    assert cfg["PasswordAuthentication"] == "no" and cfg["KbdInteractiveAuthentication"] == "no"
+    assert cfg["PermitEmptyPasswords"] == "no" and cfg["PubkeyAuthentication"] == "yes"
+    assert cfg["PermitRootLogin"] == "prohibit-password"
+    assert ("COPY", "docker/sshd_config /etc/ssh/sshd_config.d/hvdkit.conf") in stages()["runtime"]
+
+
+def test_final_stage_is_the_slim_runtime_with_an_entrypoint():
+    names = list(stages())
+    assert names == ["builder", "runtime"]
+    runtime = stages()["runtime"]
+    words = [w for w, _ in runtime]
+    assert ("COPY", "--from=builder /opt/hvdkit /opt/hvdkit") in runtime
+    assert "g++" not in " ".join(r for w, r in runtime if w == "RUN"), "no compilers in the runtime stage"
+    assert words[-2:] == ["ENTRYPOINT", "CMD"] and "EXPOSE" in words
+    assert 'ENTRYPOINT ["/usr/local/bin/hvdkit-entrypoint"]' in DOCKERFILE.read_text()
+
+
+def _launch_args(command: list[str]) -> dict:
+    args = {}
+    for flag in ("-np", "--hostfile", "-p"):
+        args[flag] = command[command.index(flag) + 1]
+    args["controller"] = "--mpi" if "--mpi" in command else "--gloo"
+    return args
+
+
+@pytest.mark.parametrize("profile, launcher, workers, hostfile, controller", [
+    ("gpu", "launcher", ["worker1", "worker2"], "hostfiles/compose", "--mpi"),
+    ("cpu", "cpu-launcher", ["cpu-worker1", "cpu-worker2"], "hostfiles/compose-cpu", "--gloo"),
+])
+def test_compose_services_hostfile_and_launcher_agree(profile, launcher, workers, hostfile, controller):
+    from hvdkit.core.hosts import parse_hostfile
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    spec = parse_hostfile(str(ROOT / hostfile))
+    args = _launch_args(services[launcher]["command"])
+    assert args["--hostfile"] == hostfile and args["controller"] == controller
+    assert int(args["-np"]) == spec.total_slots
+    assert args["-p"] == "12345"
+    names = []
+    for name in workers:
+        svc = services[name]
+        assert profile in svc["profiles"] and svc["command"] == ["sshd"]
+        aliases = (svc.get("networks") or {}).get("default", {}).get("aliases", [])
+        names.append(svc["hostname"])
+        assert svc["hostname"] in [name, *aliases], "the hostfile's name must resolve to this service"
+        assert "ssh-keys:/keys:ro" in svc["volumes"]
+        gpus = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        slots = {h.name: h.slots for h in spec.hosts}[svc["hostname"]]
+        if profile == "gpu":
+            assert gpus and gpus[0]["count"] == slots, "one process per reserved GPU"
+        else:
+            assert not gpus
+    assert names == spec.names
+    assert "12345" in (ROOT / "docker" / "ssh_config").read_text()
+    keygen = services["keygen"]
+    assert profile in keygen["profiles"] and "ssh-keygen" in " ".join(keygen["command"])
+    assert all(services[w]["depends_on"]["keygen"]["condition"] == "service_completed_successfully" for w in workers)
+    assert "hostfiles/" + hostfile.split("/")[-1] in (ROOT / "hostfiles" / "README.md").read_text()
