@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 import hvdkit
-from hvdkit.core.checkpoint_files import atomic_write
+from hvdkit.core.checkpoint_files import CheckpointError, read_from, save_to
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import optimizer_variables, ensure_built
@@ -26,35 +26,36 @@ from hvdkit.keras.optimizer import optimizer_variables, ensure_built
 FORMAT = "hvdkit.keras/1"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be loaded; raised on every rank with the same message."""
-
-
 def _numpy(variable) -> np.ndarray:
     value = variable.numpy() if hasattr(variable, "numpy") else variable.value.detach().cpu().numpy()
     return np.asarray(value)
 
 
-def save_checkpoint(path: str | os.PathLike, model, optimizer=None, **extra) -> bool:
-    """Write model and optimizer variables and ``extra`` to ``path`` on rank 0 only (atomic)."""
+def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
+                    keep_last: int | None = None, **extra) -> bool:
+    """Write model and optimizer variables and ``extra`` on rank 0 only (atomic, with a checksum).
+
+    ``path`` is a file or a directory (ending in '/') of ``ckpt-<step>.npz``
+    files, as in :func:`hvdkit.torch.save_checkpoint`.
+    """
     ctx = current()
     if not ctx.is_main:
         return False
     ensure_built(model, optimizer)
     model_vars = [_numpy(v) for v in model.variables]
     opt_vars = [_numpy(v) for v in optimizer_variables(optimizer)] if optimizer is not None else []
+    if step is not None:
+        extra = {"step": step, **extra}
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars), "extra": extra}
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
     arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    save_to(path, lambda f: np.savez(f, **arrays), ".npz", step, keep_last)
     return True
 
 
 def _read(path: str) -> dict:
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(bytes(data["header"]).decode())
@@ -74,7 +75,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
     payload = None
     if ctx.rank == root_rank:
         try:
-            payload = ("ok", _read(os.fspath(path)))
+            payload = ("ok", read_from(path, _read, ".npz")[1])
         except CheckpointError as exc:
             payload = ("error", str(exc))
     status, body = for_mode(ctx.backend).broadcast_object(payload, root_rank, name="hvdkit.checkpoint")

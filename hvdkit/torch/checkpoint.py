@@ -1,10 +1,13 @@
-"""Step 6 and resume: rank-0 atomic checkpoints, loaded identically on every rank.
+"""Step 6 and resume: rank-0 atomic checkpoints with checksums, loaded identically on every rank.
 
 Example::
 
-    hk.save_checkpoint("ckpt.pt", model, optimizer, epoch=epoch)       # rank 0 writes
-    extra = hk.load_checkpoint("ckpt.pt", model, optimizer)            # every rank
+    hk.save_checkpoint("ckpts/", model, optimizer, step=epoch, keep_last=3, epoch=epoch)   # rank 0 writes
+    extra = hk.load_checkpoint("ckpts/", model, optimizer)     # newest good one, on every rank
     start_epoch = extra["epoch"] + 1
+
+A single file path works too (``"ckpt.pt"``); a directory adds keep-last-N and
+automatic fallback past a damaged newest checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import torch
 
 import hvdkit
-from hvdkit.core.checkpoint_files import atomic_write
+from hvdkit.core.checkpoint_files import CheckpointError, read_from, save_to
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 from hvdkit.torch.tensors import to_cpu
@@ -23,16 +26,15 @@ from hvdkit.torch.tensors import to_cpu
 FORMAT = "hvdkit.torch/1"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be loaded; raised on every rank with the same message."""
-
-
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, **extra) -> bool:
-    """Write model, optimizer and ``extra`` (epoch, step, ...) to ``path`` on rank 0 only.
+                    optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,
+                    keep_last: int | None = None, **extra) -> bool:
+    """Write model, optimizer and ``extra`` (epoch, ...) on rank 0 only; returns True on the rank that wrote.
 
-    The write is atomic (temporary file + fsync + rename): a crash mid-save
-    leaves the previous checkpoint intact. Returns True on the rank that wrote.
+    ``path`` is a file, or a directory (ending in '/') holding ``ckpt-<step>.pt``
+    files of which the newest ``keep_last`` are kept. Writes are atomic
+    (temporary file + fsync + rename) with a ``.sha256`` beside each file: a
+    crash mid-save leaves the previous checkpoint intact and detectable.
     """
     ctx = current()
     if not ctx.is_main:
@@ -45,13 +47,13 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "extra": extra,
     }
-    atomic_write(path, lambda f: torch.save(state, f))
+    if step is not None:
+        state["extra"] = {"step": step, **extra}
+    save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last)
     return True
 
 
 def _read(path: str) -> dict:
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
     try:
         with open(path, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
@@ -67,15 +69,17 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> dict:
     """Rank ``root_rank`` reads ``path``; every rank loads the same model/optimizer state.
 
+    ``path`` is a file or a checkpoint directory (the newest checkpoint whose
+    checksum verifies and which loads; older ones are tried with a warning).
     Returns the ``extra`` dict given to :func:`save_checkpoint`. A missing or
-    corrupt file raises :class:`CheckpointError` on every rank (no rank is
-    left waiting in a broadcast).
+    corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
+    is left waiting in a broadcast).
     """
     current()
     payload = None
     if hvd.rank() == root_rank:
         try:
-            payload = ("ok", _read(os.fspath(path)))
+            payload = ("ok", read_from(path, _read, ".pt")[1])
         except CheckpointError as exc:
             payload = ("error", str(exc))
     status, body = hvd.broadcast_object(payload, root_rank=root_rank, name="hvdkit.checkpoint")

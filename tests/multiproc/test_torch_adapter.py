@@ -53,7 +53,7 @@ def test_checkpoint_resume_equals_straight_training(launch, tmp_path):
     straight = launch(2, "torch_checkpoint.py", "--mode", "straight", "--ckpt", str(tmp_path / "s" / "m.pt"))
     first = launch(2, "torch_checkpoint.py", "--mode", "first", "--ckpt", str(ckpt))
     assert [r["wrote"] for r in first] == [True, False], "only rank 0 writes"
-    assert first[0]["files"] == ["model.pt"], "no temporary files left behind"
+    assert first[0]["files"] == ["model.pt", "model.pt.sha256"], "no temporary files left behind"
     resumed = launch(2, "torch_checkpoint.py", "--mode", "resume", "--ckpt", str(ckpt))   # fresh processes
     assert [r["start"] for r in resumed] == [1, 1]
     assert all(r["size"] == 2 for r in straight + resumed)
@@ -68,6 +68,25 @@ def test_checkpoint_resume_equals_straight_training(launch, tmp_path):
         assert param_keys <= set(a.files)
         for key in keys:
             assert np.abs(a[key].astype(np.float64) - b[key]).max() <= 1e-6, f"rank {rank} {key}"
+
+
+def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
+    ckpts = tmp_path / "ckpts"
+    out = tmp_path / "out"
+    out.mkdir()
+    base = [str(WORKERS / "torch_checkpoint.py"), "--out", str(out), "--ckpt", f"{ckpts}/"]
+    proc = run_job(horovodrun_cmd(2, [*base, "--mode", "straight", "--epochs", "3"]), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    kept = sorted(p.name for p in ckpts.iterdir())
+    assert kept == ["ckpt-00000001.pt", "ckpt-00000001.pt.sha256", "ckpt-00000002.pt", "ckpt-00000002.pt.sha256"]
+    with open(ckpts / "ckpt-00000002.pt", "r+b") as f:      # damage the newest
+        f.seek(200)
+        f.write(b"\x00" * 64)
+    proc = run_job(horovodrun_cmd(2, [*base, "--mode", "resume", "--epochs", "3"]), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "ckpt-00000002.pt skipped: checksum mismatch" in proc.stdout
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["start"] for r in results] == [2, 2], "resumed after epoch 1, the newest good checkpoint"
 
 
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path):

@@ -42,8 +42,14 @@ for epoch in range(start, end):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
-    wrote = hk.save_checkpoint(args.ckpt, model, opt, epoch=epoch)
+    if args.ckpt.endswith("/"):                     # a checkpoint directory keeping the newest 2
+        wrote = hk.save_checkpoint(args.ckpt, model, opt, step=epoch, keep_last=2, epoch=epoch)
+    else:
+        wrote = hk.save_checkpoint(args.ckpt, model, opt, epoch=epoch)
+if start == end:
+    wrote = False
 final = {k: v.numpy() for k, v in model.state_dict().items()}
+ckpt_dir = os.path.dirname(os.path.abspath(args.ckpt))
 np.savez(os.path.join(args.out, f"{args.mode}-rank{ctx.rank}.npz"), **final)
 write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "wrote": wrote, "start": start,
-                                  "files": sorted(os.listdir(os.path.dirname(os.path.abspath(args.ckpt))))})
+                                  "files": sorted(os.listdir(ckpt_dir)) if os.path.isdir(ckpt_dir) else []})
