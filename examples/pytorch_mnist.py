@@ -47,8 +47,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=float, default=2)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--checkpoint", default=None, help="save here after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--checkpoint", default=None,
+                   help="save after every epoch: a file, or a directory ending in '/' (newest 3 kept)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint (a directory: its newest good one)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
@@ -71,7 +72,10 @@ def main():
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
     start_epoch = 0
     if args.resume and args.checkpoint:
-        start_epoch = hk.load_checkpoint(args.checkpoint, model, optimizer)["epoch"] + 1  # hvdkit: rank 0 reads
+        try:
+            start_epoch = hk.load_checkpoint(args.checkpoint, model, optimizer)["epoch"] + 1  # hvdkit: rank 0 reads
+        except hk.CheckpointError as exc:
+            raise SystemExit(f"error: {exc}")
     else:
         hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
     scheduler = hk.warmup_scheduler(optimizer, int(args.warmup_epochs * len(train_loader)))  # hvdkit:
@@ -97,8 +101,9 @@ def main():
         if ctx.is_main:  # hvdkit:
             log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
                      f"test accuracy {metrics['accuracy']:.2%} ({metrics['count']} samples)")
-        if args.checkpoint:
-            hk.save_checkpoint(args.checkpoint, model, optimizer, epoch=epoch)  # hvdkit: rank 0 writes
+        if args.checkpoint:  # a file, or a directory ending in '/' (keeps the newest 3)
+            hk.save_checkpoint(args.checkpoint, model, optimizer, step=epoch, epoch=epoch,  # hvdkit: rank 0 writes
+                               keep_last=3 if args.checkpoint.endswith("/") else None)
 
     if ctx.is_main:  # hvdkit:
         elapsed = time.time() - start

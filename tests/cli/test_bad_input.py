@@ -1,0 +1,72 @@
+"""Bad input, table-driven: a one-line error naming the cause and the fix, a non-zero exit,
+no traceback, and nothing damaged (inputs and checkpoints byte-identical afterwards)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, ROOT, job_env
+
+pytestmark = pytest.mark.cli
+EXAMPLE = str(ROOT / "examples" / "pytorch_mnist.py")
+
+
+def digest_tree(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def setup_files(tmp: Path) -> None:
+    (tmp / "bad-hostfile").write_text("# cluster\nserver1 slots=4\nserver2 slots=zero\n")
+    (tmp / "corrupt.pt").write_bytes(b"this is not a checkpoint")
+    (tmp / "ckpts").mkdir()
+    (tmp / "ckpts" / "ckpt-00000003.pt").write_bytes(b"\x80" * 64)
+    (tmp / "ckpts" / "ckpt-00000003.pt.sha256").write_text("0" * 64 + "  ckpt-00000003.pt\n")
+    (tmp / "mnist").mkdir()
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (tmp / "mnist" / stem).write_bytes(b"<html>a captive portal page, not MNIST</html>")
+
+
+CASES = [
+    # (id, argv (with {tmp}), substrings of the one error line)
+    ("malformed hostfile", ["hvdkit", "hosts", "--hostfile", "{tmp}/bad-hostfile"],
+     ["bad-hostfile:3", "slots for 'server2' must be a whole number", "server2 slots=4"]),
+    ("malformed -H", ["hvdkit", "hosts", "-H", "server1:4,,server2:4"], ["-H item 2 is empty", "remove the extra comma"]),
+    ("np above slots", ["hvdkit", "launch", "-np", "8", "-H", "localhost:2", "--", "python", EXAMPLE],
+     ["np=8 but -H has 2 slots (localhost has 2)", "lower -np to 2"]),
+    ("missing hostfile", ["hvdkit", "doctor", "--hostfile", "{tmp}/nope"], ["cannot read hostfile", "check the path"]),
+    ("missing script", ["hvdkit", "launch", "-np", "2", "-H", "localhost:2", "--", "python", "{tmp}/train.py"],
+     ["train.py' does not exist", "check the path"]),
+    ("no command", ["hvdkit", "launch", "-np", "2", "-H", "localhost:2"], ["no training command", "after '--'"]),
+    ("corrupt checkpoint", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/corrupt.pt", "--resume"],
+     ["corrupt.pt' is unreadable or corrupt", "restore an older checkpoint"]),
+    ("no usable checkpoint in a directory", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/ckpts/",
+                                             "--resume"], ["ckpt-00000003.pt: checksum mismatch", "start without --resume"]),
+    ("missing checkpoint", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/none.pt", "--resume"],
+     ["none.pt' does not exist"]),
+    ("MNIST files that are not IDX", ["python", EXAMPLE, "--dataset", "mnist", "--data-dir", "{tmp}/mnist"],
+     ["is not an IDX file", "re-download it or delete it"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
+    _, argv, needles = case
+    setup_files(tmp_path)
+    before = digest_tree(tmp_path)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    argv = [str(BIN / "hvdkit") if a == "hvdkit" else sys.executable if a == "python" else a for a in argv]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=job_env(), cwd=ROOT)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
+    assert digest_tree(tmp_path) == before, "bad input must not change any file"
