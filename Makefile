@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install install-gpu demo test test-unit test-multiproc env clean
+.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost env clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
+test-cli: $(STAMP)
+	$(BIN)/python -m pytest -m cli $(PYTEST_ARGS)
+
+test-multihost: $(STAMP)
+	$(BIN)/python -m pytest -m multihost $(PYTEST_ARGS)
 
 test-multiproc: $(STAMP)
 	$(BIN)/python -m pytest -m multiproc $(PYTEST_ARGS)

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hvdkit.cli.doctor import add_ssh_arguments
 from hvdkit.cli.hosts import add_host_arguments, spec_from_args
-from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, _run, _ssh_fix, ssh_argv
+from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, run_bounded, ssh_argv, ssh_fix_hint
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import LOCAL_NAMES
@@ -41,11 +41,11 @@ def quick_check(hosts: list[str], port: int | None, identity: str | None) -> Non
     """Every remote host answers ssh within the connect timeout; raise naming the first that does not."""
     remote = [h for h in hosts if h not in LOCAL_NAMES]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
-        results = list(pool.map(lambda h: _run(ssh_argv(h, "true", port, identity), SSH_CONNECT_TIMEOUT_S + 10), remote))
+        results = list(pool.map(lambda h: run_bounded(ssh_argv(h, "true", port, identity), SSH_CONNECT_TIMEOUT_S + 10), remote))
     for host, (rc, _, err) in zip(remote, results):
         if rc != 0:
             raise UserError(f"ssh to {host} failed ({(err.strip().splitlines() or ['exit %d' % rc])[-1]}): "
-                            f"{_ssh_fix(host, err, port)}; 'hvdkit doctor' checks everything")
+                            f"{ssh_fix_hint(host, err, port)}; 'hvdkit doctor' checks everything")
 
 
 def command(args: argparse.Namespace) -> int:

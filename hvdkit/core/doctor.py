@@ -79,7 +79,7 @@ def ssh_argv(host: str, remote_command: str, port: int | None, identity: str | N
     return argv + [host, remote_command]
 
 
-def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
+def run_bounded(argv: list[str], timeout: float) -> tuple[int, str, str]:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         return out.returncode, out.stdout, out.stderr
@@ -89,7 +89,7 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
         return 127, "", str(exc)
 
 
-def _ssh_fix(host: str, err: str, port: int | None) -> str:
+def ssh_fix_hint(host: str, err: str, port: int | None) -> str:
     p = port or 22
     if "Connection refused" in err:
         return f"nothing listens on {host}:{p}: start sshd there, or pass the port it uses with -p"
@@ -110,14 +110,14 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
         argv = [cfg.python, "-m", "hvdkit", "env", "--json"]
         checks.append(Check(host, "ssh", True, "local host: no ssh needed"))
     else:
-        rc, _, err = _run(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file), SSH_CONNECT_TIMEOUT_S + 10)
+        rc, _, err = run_bounded(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file), SSH_CONNECT_TIMEOUT_S + 10)
         if rc != 0:
             last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
-            checks.append(Check(host, "ssh", False, last, _ssh_fix(host, err, cfg.ssh_port)))
+            checks.append(Check(host, "ssh", False, last, ssh_fix_hint(host, err, cfg.ssh_port)))
             return checks, None
         checks.append(Check(host, "ssh", True, f"port {cfg.ssh_port or 22}, key-only"))
         argv = ssh_argv(host, remote, cfg.ssh_port, cfg.ssh_identity_file)
-    rc, out, err = _run(argv, REMOTE_TIMEOUT_S)
+    rc, out, err = run_bounded(argv, REMOTE_TIMEOUT_S)
     try:
         report = EnvReport.from_dict(json.loads(out))
     except (json.JSONDecodeError, TypeError):
@@ -194,7 +194,7 @@ def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
         argv += ["--network-interface", interface]
     argv += [cfg.python, "-m", "hvdkit.torch.selfcheck"]
     start = time.time()
-    rc, out, err = _run(argv, ALLREDUCE_TIMEOUT_S)
+    rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
     lines = [line for line in out.splitlines() if "hvdkit-selfcheck" in line]
     ok = rc == 0 and len(lines) == cfg.hosts.total_slots and all("ok=True" in line for line in lines)
     hosts = sorted({line.split("host=")[1].split()[0] for line in lines})

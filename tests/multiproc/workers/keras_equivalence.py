@@ -9,29 +9,22 @@ import hashlib
 import json
 import os
 
+from keras_common import keras_for, parse_args_and_select_backend
+
 p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
 p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--loop", choices=["fit", "custom"], default="fit")
 p.add_argument("--unsharded", action="store_true", help="give every rank the same data (expect a warning)")
-args = p.parse_args()
-if args.mode == "tf_keras":
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-else:
-    os.environ["KERAS_BACKEND"] = args.mode
+args = parse_args_and_select_backend(p)
 
 import numpy as np  # noqa: E402
 
 import hvdkit.keras as hk  # noqa: E402
 
 ctx = hk.init(threads=1)
-if args.mode == "tf_keras":
-    import tf_keras as keras
-    keras.backend.set_floatx("float64")
-else:
-    import keras
-    keras.config.set_floatx("float64")      # so 1e-5 measures the algorithm, not float32 roundoff
+keras = keras_for(args.mode)
+# float64, so that 1e-5 measures the algorithm rather than float32 roundoff.
+(keras.backend.set_floatx if args.mode == "tf_keras" else keras.config.set_floatx)("float64")
 
 B, STEPS = 8, 2
 

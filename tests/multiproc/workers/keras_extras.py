@@ -4,25 +4,18 @@ import argparse
 import json
 import os
 
+from keras_common import keras_for, parse_args_and_select_backend
+
 p = argparse.ArgumentParser()
-p.add_argument("--out", required=True)
-p.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
 p.add_argument("--task", choices=["mixed_precision", "save", "load", "warmup_metrics"], required=True)
-args = p.parse_args()
-if args.mode == "tf_keras":
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-else:
-    os.environ["KERAS_BACKEND"] = args.mode
+args = parse_args_and_select_backend(p)
 
 import numpy as np  # noqa: E402
 
 import hvdkit.keras as hk  # noqa: E402
 
 ctx = hk.init(threads=1)
-if args.mode == "tf_keras":
-    import tf_keras as keras
-else:
-    import keras
+keras = keras_for(args.mode)
 if args.task == "mixed_precision":
     keras.mixed_precision.set_global_policy("mixed_float16")
 
