@@ -157,6 +157,10 @@ class TestHosts:
     def close(self) -> None:
         for name in list(self.sshd):
             self.stop_sshd(name)
+        # Delete the veth pairs explicitly: `ip netns del` returns before the kernel has
+        # torn down the namespace's links, and the next cluster's names would collide.
+        for i in range(len(self._namespaces)):
+            sh("ip", "link", "del", f"hvdk-v{i}", check=False)
         for ns in self._namespaces:
             pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
             for pid in pids:                      # anything a test left running in the host
@@ -180,7 +184,13 @@ class TestHosts:
             ns = line.split()[0] if line.strip() else ""
             if ns.startswith("hvdk-"):
                 sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "link", "del", BRIDGE, check=False)
+        for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+            if name.startswith("hvdk-"):
+                sh("ip", "link", "del", name, check=False)
+        deadline = time.time() + 10                 # links of deleted namespaces go asynchronously
+        while "hvdk-" in sh("ip", "-o", "link", "show", check=False).stdout and time.time() < deadline:
+            time.sleep(0.1)
         _strip_marked_lines(ETC_HOSTS)
 
 
