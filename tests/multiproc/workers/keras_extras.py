@@ -50,8 +50,10 @@ elif args.task == "warmup_metrics":
         def on_train_batch_begin(self, batch, logs=None):
             lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
 
-    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
-                        callbacks=[RecordLocal()] + hk.callbacks(RecordLR(), warmup_epochs=1))
+    writer = keras.callbacks.CSVLogger(os.path.join(args.out, "history.csv"))   # writes a file: rank 0 only
+    cbs = hk.callbacks(RecordLR(), writer, warmup_epochs=1)
+    result["callbacks"] = [type(cb).__name__ for cb in cbs]
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[RecordLocal()] + cbs)
     result.update(lrs=lrs, local=local_logs, history=history.history, target_lr=hk.scale_lr(0.005),
                   steps=len(lrs) // 2)
 elif args.task == "save":
