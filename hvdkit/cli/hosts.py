@@ -3,6 +3,7 @@
     hvdkit hosts -H server1:4,server2:4 -np 6       # rank -> host/local_rank table
     hvdkit hosts --hostfile hostfiles/cluster-4x4 --to hosts      # server1:4,server2:4,...
     hvdkit hosts -H a:2,b:2 --to hostfile > myhosts                # bare Horovod hostfile
+    hvdkit hosts --hostfile hostfiles/elastic --to discovery       # host:slots lines, for elastic jobs
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             description="Validate and convert host lists; print where each rank runs.")
     add_host_arguments(parser)
     parser.add_argument("-np", "--num-proc", dest="np", type=int, help="processes (default: all slots)")
-    parser.add_argument("--to", choices=["table", "hosts", "hostfile"], default="table",
-                        help="output: rank table (default), a -H string, or a bare hostfile")
+    parser.add_argument("--to", choices=["table", "hosts", "hostfile", "discovery"], default="table",
+                        help="output: rank table (default), a -H string, a bare hostfile, or the host:slots "
+                             "lines of an elastic job's --host-discovery-script")
     parser.add_argument("--json", action="store_true", help="hosts and rank layout as JSON")
     parser.set_defaults(func=command)
     return parser
@@ -43,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    if args.to == "discovery":
+        # Read again by Horovod every second while an elastic job runs: no
+        # rank table, just the hosts (a parse error exits 2 and Horovod keeps
+        # the last good list).
+        print("\n".join(f"{h.name}:{h.slots}" for h in spec.hosts))
+        return 0
     np = args.np if args.np is not None else spec.total_slots
     layout = rank_layout(spec, np)
     if args.json:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank
 from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import for_mode
@@ -39,6 +40,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     global _context
     mode = resolve_backend()
     coll = for_mode(mode)
+    apply_horovod_defaults()  # measured settings (hvdkit.core.tuning); the environment wins
     coll.hvd.init()
     local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
     threads = threads if threads is not None else cpu_threads_per_rank(local_size)

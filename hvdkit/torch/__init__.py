@@ -20,11 +20,12 @@ from hvdkit.torch.data import (
     ResumableDistributedSampler, ShardSampler, allreduce_sum, distributed_loader, eval_loader,
     evaluate, metric_average,
 )
+from hvdkit.torch import elastic
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 
 __all__ = [
     "CheckpointError", "Context", "DistributedOptimizer", "ResumableDistributedSampler", "ShardSampler",
-    "allreduce_sum", "broadcast_state", "current", "distributed_loader", "eval_loader", "evaluate",
+    "allreduce_sum", "broadcast_state", "current", "distributed_loader", "elastic", "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
     "scale_lr", "seed_everything", "step", "warmup_scheduler",
 ]

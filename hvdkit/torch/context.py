@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank
 from hvdkit.torch._horovod import hvd
 
@@ -41,6 +42,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     thread per core and thrash (unless OMP_NUM_THREADS is set).
     """
     global _context
+    apply_horovod_defaults()  # measured settings (hvdkit.core.tuning); the environment wins
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if torch.cuda.is_available():
@@ -65,6 +67,16 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     )
     if seed is not None:
         seed_everything(seed, rank=_context.rank)
+    return _context
+
+
+def refresh() -> Context:
+    """Re-read rank and size after Horovod re-initialised (an elastic reset); the device stays."""
+    global _context
+    if _context is None:
+        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top of your script")
+    _context = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), device=_context.device)
     return _context
 
 

@@ -153,6 +153,14 @@ class TestHosts:
             raise TimeoutError(f"{argv[0]} on {name} ran past {timeout}s:\n{out[-3000:]}") from None
         return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
+    def spawn_on(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        """Start a command inside host ``name`` and return at once (stdout piped, own process group)."""
+        inner = " ".join(_quote(a) for a in argv)
+        return subprocess.Popen(["ip", "netns", "exec", self.ns(name), "unshare", "--uts", "sh", "-c",
+                                 f"hostname {name}; exec {inner}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
+
     # -- tear down --------------------------------------------------------------
     def close(self) -> None:
         for name in list(self.sshd):

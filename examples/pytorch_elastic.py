@@ -1,0 +1,87 @@
+"""Elastic data-parallel training: keeps going when workers are lost, added or removed.
+
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script examples/discover_hosts.sh \\
+        python examples/pytorch_elastic.py                     # edit hostfiles/elastic while it runs
+    horovodrun -np 4 --min-np 3 -H a:1,b:1,c:1,d:1 python examples/pytorch_elastic.py   # survives losing one
+
+Rank 0 prints one line per commit ("committed step N ... size S"): training
+resumes from the last of them after any change. Every line that differs from
+the single-process script is marked `# hvdkit:`.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import hvdkit.torch as hk  # hvdkit:
+from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", choices=DATASETS, default="digits")
+    p.add_argument("--data-dir", default="data/mnist")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=16, help="per process")
+    p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
+    p.add_argument("--commit-every", type=int, default=1, help="steps between commits (a commit copies the state)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    ctx = hk.init(seed=args.seed)  # hvdkit:
+    try:
+        data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}")
+    train_set = TensorDataset(torch.from_numpy(data.x_train).flatten(1), torch.from_numpy(data.y_train))
+    test_set = TensorDataset(torch.from_numpy(data.x_test).flatten(1), torch.from_numpy(data.y_test))
+    train_loader = hk.elastic.elastic_loader(train_set, args.batch_size, seed=args.seed)  # hvdkit: re-shards on resize
+    test_loader = hk.eval_loader(test_set, batch_size=256)  # hvdkit:
+
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(28 * 28, 256), nn.ReLU(), nn.Linear(256, 10)).to(ctx.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
+    optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit:
+    state = hk.elastic.ElasticState(model, optimizer, sampler=train_loader.sampler,  # hvdkit: what a commit holds
+                                    base_lr=args.lr, commit_every=args.commit_every)
+
+    def log_commit(s):  # hvdkit: rank 0 reports each commit
+        if hk.current().is_main:
+            print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}", flush=True)
+
+    state.register_commit_callbacks([log_commit])  # hvdkit:
+
+    @hk.elastic.run  # hvdkit: on a lost worker or a host change, restore the last commit and carry on
+    def train(state):
+        while state.epoch < args.epochs:
+            model.train()
+            for x, y in train_loader:
+                x, y = x.to(ctx.device), y.to(ctx.device)
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                state.step_done(args.batch_size)  # hvdkit: count the step, commit when due
+            state.epoch_done()  # hvdkit:
+
+    start = time.time()
+    train(state)
+    metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
+    if hk.current().is_main:  # hvdkit:
+        print(f"final test accuracy {metrics['accuracy']:.2%} after {state.step} steps, "
+              f"{time.time() - start:.1f}s", flush=True)
+        if args.json:
+            print(json.dumps({"test_accuracy": metrics["accuracy"], "steps": state.step,
+                              "size": hk.current().size, "epochs": state.epoch}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

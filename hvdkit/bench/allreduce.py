@@ -1,0 +1,202 @@
+"""Allreduce benchmark worker: one implementation per launch, results from rank 0.
+
+Launched by ``hvdkit bench allreduce`` (see :mod:`hvdkit.bench.runner`) as
+``python -m hvdkit.bench.allreduce --impl NAME``. Implementations:
+
+- ``hvdkit``: ``hvdkit.torch.init()`` then the call DistributedOptimizer makes
+  for each gradient (in-place ``allreduce_async_``, average), launched the way
+  ``hvdkit launch`` would launch it;
+- ``horovod-mpi`` / ``horovod-gloo``: the same call after a plain ``hvd.init()``,
+  under ``horovodrun --mpi`` / ``--gloo`` with Horovod's defaults;
+- ``torch``: ``torch.distributed.all_reduce`` (Gloo on CPU, NCCL on GPU);
+- ``mpi4py``: ``MPI.COMM_WORLD.Allreduce`` in place, the raw-MPI reference (host memory).
+
+Cases: a message-size ``sweep``, and ResNet-50's 161 parameter tensors
+allreduced together (``resnet50-many``) next to one tensor of the same total
+bytes (``resnet50-one``), which shows what tensor fusion recovers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from hvdkit.bench.models import resnet50_shapes
+from hvdkit.bench.results import emit, machine
+
+IMPLS = ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")
+
+
+def iterations(nbytes: int) -> int:
+    """Ops per timed repeat: many for small messages (latency-bound), few for large ones."""
+    return max(3, min(100, (512 << 20) // max(nbytes, 1)))
+
+
+class Comm:
+    """One implementation's allreduce of a list of tensors, barrier and identity."""
+
+    name = ""
+    rank = size = 0
+    device = torch.device("cpu")
+
+    def allreduce(self, tensors: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class HorovodComm(Comm):
+    def __init__(self, name: str):
+        if name == "hvdkit":
+            import hvdkit.torch as hk
+
+            ctx = hk.init()
+            self.device = ctx.device
+            hvd = hk.hvd
+        else:
+            import horovod.torch as hvd
+
+            hvd.init()
+            torch.set_num_threads(1)  # what Horovod's own examples do on CPU
+            if torch.cuda.is_available():
+                torch.cuda.set_device(hvd.local_rank())
+                self.device = torch.device("cuda", hvd.local_rank())
+        self.hvd, self.name, self.rank, self.size = hvd, name, hvd.rank(), hvd.size()
+        self.controller = "mpi" if hvd.mpi_enabled() and not hvd.gloo_enabled() else "gloo"
+
+    def allreduce(self, tensors):
+        hvd = self.hvd
+        handles = [hvd.allreduce_async_(t, op=hvd.Average, name=f"bench.{i}.{t.numel()}") for i, t in enumerate(tensors)]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    def barrier(self):
+        self.hvd.barrier()
+
+    def close(self):
+        self.hvd.shutdown()
+
+
+class TorchComm(Comm):
+    """torch.distributed with rendezvous at MASTER_ADDR:MASTER_PORT (set by the runner)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        env = os.environ
+        self.rank = int(env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK", env.get("RANK", 0))))
+        self.size = int(env.get("HOROVOD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", env.get("WORLD_SIZE", 1))))
+        local_rank = int(env.get("HOROVOD_LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("LOCAL_RANK", 0))))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                                rank=self.rank, world_size=self.size)
+        self.dist, self.name, self.controller = dist, f"torch-{backend}", backend
+
+    def allreduce(self, tensors):
+        works = [self.dist.all_reduce(t, async_op=True) for t in tensors]
+        for work in works:
+            work.wait()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class MpiComm(Comm):
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.name, self.rank, self.size, self.controller = "mpi4py", self.comm.rank, self.comm.size, "mpi"
+
+    def allreduce(self, tensors):
+        for t in tensors:
+            self.comm.Allreduce(self.MPI.IN_PLACE, t.numpy())
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+def make_comm(name: str) -> Comm:
+    if name in ("hvdkit", "horovod-mpi", "horovod-gloo"):
+        return HorovodComm(name)
+    if name == "torch":
+        return TorchComm()
+    if name == "mpi4py":
+        return MpiComm()
+    raise SystemExit(f"unknown implementation {name!r}: use one of {', '.join(IMPLS)}")
+
+
+def timed(comm: Comm, tensors: list[torch.Tensor], iters: int, repeats: int) -> list[float]:
+    """Seconds per allreduce of ``tensors``, one number per repeat, after two warm-up rounds."""
+    for _ in range(2):
+        comm.allreduce(tensors)
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            comm.allreduce(tensors)
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / iters)
+    return times
+
+
+def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool) -> list[dict]:
+    rows = []
+
+    def record(case: str, tensors: list[torch.Tensor], times: list[float]) -> None:
+        rows.append({"impl": comm.name, "case": case, "bytes": sum(t.numel() * 4 for t in tensors),
+                     "tensors": len(tensors), "times_s": times})
+
+    for nbytes in sizes:
+        t = torch.ones(max(nbytes // 4, 1), device=comm.device)
+        record("sweep", [t], timed(comm, [t], iterations(nbytes), repeats))
+        del t
+    if resnet:
+        shapes = resnet50_shapes()
+        many = [torch.ones(s, device=comm.device) for s in shapes]
+        total = sum(t.numel() for t in many)
+        record("resnet50-many", many, timed(comm, many, 3, repeats))
+        del many
+        one = torch.ones(total, device=comm.device)
+        record("resnet50-one", [one], timed(comm, [one], 3, repeats))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="allreduce benchmark worker (run by hvdkit bench allreduce)")
+    p.add_argument("--impl", required=True, choices=IMPLS)
+    p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-resnet", action="store_true")
+    args = p.parse_args(argv)
+    comm = make_comm(args.impl)
+    rows = run(comm, [int(s) for s in args.sizes.split(",") if s], args.repeats, not args.no_resnet)
+    if comm.rank == 0:
+        emit({"impl": args.impl, "label": comm.name, "controller": comm.controller, "np": comm.size,
+              "device": comm.device.type, "machine": machine(), "rows": rows,
+              "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") and k in TUNING_KEYS}})
+    comm.close()
+
+
+TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY")
+
+if __name__ == "__main__":
+    main()

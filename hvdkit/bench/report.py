@@ -1,0 +1,133 @@
+"""Turn benchmark payloads into rows, a text table, CSV, JSON and PNG plots.
+
+Bandwidth follows the NCCL-tests convention: algbw = bytes / time and
+busbw = algbw x 2(N-1)/N, the rate each link runs at in a ring, which is
+comparable across process counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+
+
+def bus_factor(n: int) -> float:
+    return 2 * (n - 1) / n if n > 1 else 1.0
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def allreduce_rows(payloads: list[dict]) -> list[dict]:
+    """One row per (implementation, case, size): median/min/max seconds, algbw and busbw in GB/s."""
+    rows = []
+    for payload in payloads:
+        n = payload["np"]
+        for r in payload["rows"]:
+            med = statistics.median(r["times_s"])
+            rows.append({"impl": payload["impl"], "label": payload["label"], "controller": payload["controller"],
+                         "np": n, "case": r["case"], "bytes": r["bytes"], "tensors": r["tensors"],
+                         "median_s": med, "min_s": min(r["times_s"]), "max_s": max(r["times_s"]),
+                         "repeats": len(r["times_s"]), "algbw_GBps": r["bytes"] / med / 1e9,
+                         "busbw_GBps": r["bytes"] / med / 1e9 * bus_factor(n)})
+    return rows
+
+
+def allreduce_table(rows: list[dict], reference: str = "mpi4py", subject: str = "hvdkit") -> str:
+    """Bus bandwidth per size and implementation, plus subject/reference; then the ResNet-50 fusion lines."""
+    sweep = [r for r in rows if r["case"] == "sweep"]
+    impls = list(dict.fromkeys(r["impl"] for r in sweep))
+    by = {(r["impl"], r["bytes"]): r for r in sweep}
+    show_ratio = reference in impls and subject in impls
+    header = ["size"] + impls + ([f"{subject}/{reference}"] if show_ratio else [])
+    lines = [header]
+    for size in sorted({r["bytes"] for r in sweep}):
+        line = [human_bytes(size)] + [f"{by[(i, size)]['busbw_GBps']:.2f}" if (i, size) in by else "-" for i in impls]
+        if show_ratio and (subject, size) in by and (reference, size) in by:
+            line.append(f"{by[(subject, size)]['busbw_GBps'] / by[(reference, size)]['busbw_GBps']:.0%}")
+        lines.append(line)
+    widths = [max(len(row[i]) if i < len(row) else 0 for row in lines) for i in range(len(header))]
+    out = ["bus bandwidth, GB/s (median of repeats)"]
+    out += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines]
+    many = {r["impl"]: r for r in rows if r["case"] == "resnet50-many"}
+    one = {r["impl"]: r for r in rows if r["case"] == "resnet50-one"}
+    if many:
+        out.append("")
+        out.append("ResNet-50 gradients: 161 tensors at once vs one tensor of the same bytes")
+        for impl in many:
+            if impl in one:
+                m, o = many[impl], one[impl]
+                out.append(f"  {impl:13s} {m['median_s'] * 1e3:8.1f} ms vs {o['median_s'] * 1e3:8.1f} ms  "
+                           f"({m['median_s'] / o['median_s']:.2f}x)")
+    return "\n".join(out)
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_allreduce(path: str, rows: list[dict], title: str) -> None:
+    """Bus bandwidth vs message size per implementation, and the ResNet-50 fusion bars."""
+    plt = _pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    sweep = [r for r in rows if r["case"] == "sweep"]
+    for impl in dict.fromkeys(r["impl"] for r in sweep):
+        pts = sorted((r["bytes"], r["busbw_GBps"]) for r in sweep if r["impl"] == impl)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, lw=2.5 if impl == "hvdkit" else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes, float32)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    many = {r["impl"]: r["median_s"] * 1e3 for r in rows if r["case"] == "resnet50-many"}
+    one = {r["impl"]: r["median_s"] * 1e3 for r in rows if r["case"] == "resnet50-one"}
+    impls = [i for i in many if i in one]
+    xs = range(len(impls))
+    bx.bar([x - 0.2 for x in xs], [many[i] for i in impls], 0.4, label="161 tensors (ResNet-50)")
+    bx.bar([x + 0.2 for x in xs], [one[i] for i in impls], 0.4, label="1 tensor, same bytes")
+    bx.set_xticks(list(xs), impls, rotation=30, ha="right")
+    bx.set_ylabel("ms per allreduce")
+    bx.set_title("tensor fusion", fontsize=9)
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine_line(payload: dict) -> str:
+    m = payload.get("machine", {})
+    gpu = m.get("gpu") or "no GPU"
+    return f"{m.get('host', '?')}: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, {gpu}"
+
+
+def ensure_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path

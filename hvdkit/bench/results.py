@@ -1,0 +1,72 @@
+"""How a benchmark worker hands its results to the process that launched it.
+
+Rank 0 may run on another host, so results travel on stdout, not in a file.
+horovodrun prefixes each rank's output lines (and MPI splits a line at every
+separate write, and now and then inside one), so the payload is base64 in
+short lines that :func:`collect` finds again once the prefixes are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import re
+import socket
+import sys
+
+MARK = "HVDKIT-RESULT"
+_CHUNK = 160
+_LINE = re.compile(MARK + r" (\d+)/(\d+) ([A-Za-z0-9+/=]+)")
+# horovodrun's per-rank prefixes: "[1,0]<stdout>:" (MPI) and "[0]<stdout>:" (Gloo).
+# OpenMPI sometimes inserts one in the middle of a line it read in two pieces.
+_PREFIX = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+
+
+def emit(payload: dict, stream=None) -> None:
+    """Write ``payload`` as JSON in marked base64 chunks (call on rank 0 only)."""
+    stream = stream or sys.stdout
+    data = base64.b64encode(json.dumps(payload).encode()).decode()
+    chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [""]
+    for i, chunk in enumerate(chunks):
+        stream.write(f"{MARK} {i}/{len(chunks)} {chunk}\n")
+        stream.flush()
+
+
+def collect(output: str) -> dict | None:
+    """The payload :func:`emit` wrote somewhere in ``output``; None if it is missing or incomplete."""
+    parts: dict[int, str] = {}
+    total = None
+    for match in _LINE.finditer(_PREFIX.sub("", output)):
+        index, count, chunk = int(match.group(1)), int(match.group(2)), match.group(3)
+        parts[index], total = chunk, count
+    if total is None or len(parts) != total:
+        return None
+    try:
+        return json.loads(base64.b64decode("".join(parts[i] for i in range(total))))
+    except ValueError:  # a damaged chunk: report "no result" rather than crash
+        return None
+
+
+def machine() -> dict:
+    """What the numbers were measured on: host, CPU, cores, memory, GPU."""
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    info = {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpu": None}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return info

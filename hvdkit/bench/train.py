@@ -1,0 +1,220 @@
+"""Training-step benchmark worker: one implementation per launch, results from rank 0.
+
+Launched by ``hvdkit bench train`` as ``python -m hvdkit.bench.train --impl NAME``:
+
+- ``hvdkit``: the hvdkit.torch recipe (init, distributed_loader, DistributedOptimizer, broadcast_state);
+- ``horovod``: the same model written by hand the way Horovod's own
+  pytorch_mnist example does it (plain hvd calls, DistributedSampler);
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` under ``torchrun`` (Gloo on CPU, NCCL on GPU).
+
+All three get the same OMP_NUM_THREADS from the runner.
+
+Every step is split into input wait (next batch), compute (forward and
+backward), allreduce (the gradient communication left after backward) and
+update (optimizer step). Horovod's allreduce is what ``optimizer.synchronize()``
+waits for. DDP runs its allreduce inside backward, so its share is estimated:
+backward with communication minus backward under ``no_sync()``, measured in
+the warm-up steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from hvdkit.bench.models import MODELS
+from hvdkit.bench.results import emit, machine
+
+IMPLS = ("hvdkit", "horovod", "ddp")
+
+
+def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
+    """The examples' digits data for ``mnist``; seeded synthetic images for ``resnet50``."""
+    if model == "mnist":
+        from hvdkit.core.datasets import load_dataset
+
+        data = load_dataset("digits", "data/mnist", seed=0)
+        return TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(samples, 3, image_size, image_size, generator=g),
+                         torch.randint(0, 1000, (samples,), generator=g))
+
+
+class Job:
+    """What differs between the implementations: setup, loader, and how a step synchronises."""
+
+    rank = size = 0
+    device = torch.device("cpu")
+    controller = ""
+
+    def __init__(self, args):
+        self.args = args
+
+    def sync(self, optimizer) -> None:  # the exposed gradient allreduce
+        pass
+
+    def update(self, optimizer) -> None:
+        optimizer.step()
+
+    def no_sync(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class HvdkitJob(Job):
+    def setup(self, model, data):
+        import hvdkit.torch as hk
+
+        ctx = hk.init(seed=0)
+        self.rank, self.size, self.device, self.hvd = ctx.rank, ctx.size, ctx.device, hk.hvd
+        model = model.to(ctx.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9)
+        optimizer = hk.DistributedOptimizer(optimizer, model)
+        hk.broadcast_state(model, optimizer)
+        loader = hk.distributed_loader(data, self.args.batch_size, shuffle=True, seed=0, drop_last=True)
+        return model, optimizer, loader
+
+    def sync(self, optimizer):
+        optimizer.synchronize()
+
+    def update(self, optimizer):
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+
+class HorovodJob(HvdkitJob):
+    """Written the way Horovod's examples/pytorch/pytorch_mnist.py is."""
+
+    def setup(self, model, data):
+        import horovod.torch as hvd
+        from torch.utils.data.distributed import DistributedSampler
+
+        hvd.init()
+        torch.manual_seed(0)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        self.rank, self.size, self.hvd = hvd.rank(), hvd.size(), hvd
+        model = model.to(self.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        sampler = DistributedSampler(data, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0, drop_last=True)
+        return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
+
+
+class DdpJob(Job):
+    def setup(self, model, data):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data.distributed import DistributedSampler
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        self.rank, self.size, self.controller = dist.get_rank(), dist.get_world_size(), backend
+        if backend == "nccl":
+            local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local_rank)
+            self.device = torch.device("cuda", local_rank)
+        torch.manual_seed(0)
+        model = DistributedDataParallel(model.to(self.device))
+        self.model = model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * self.size, momentum=0.9)
+        sampler = DistributedSampler(data, num_replicas=self.size, rank=self.rank, shuffle=True, seed=0, drop_last=True)
+        return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+
+def batches(loader):
+    """Endless batches, a new epoch (and shuffle) whenever the loader runs out."""
+    epoch = 0
+    while True:
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> tuple[dict, float]:
+    """Per-phase seconds of ``steps`` timed steps (after ``warmup``), and backward-without-sync seconds."""
+    it = batches(loader)
+    clock = time.perf_counter
+    cuda = job.device.type == "cuda"
+    phases = {"input": [], "compute": [], "allreduce": [], "update": [], "step": []}
+    local_compute = []
+
+    def sync_clock():
+        if cuda:
+            torch.cuda.synchronize()
+        return clock()
+
+    # DDP first runs extra steps under no_sync() (backward without communication).
+    calibrate = max(steps // 3, 5) if isinstance(job, DdpJob) else 0
+    for i in range(-calibrate, warmup + steps):
+        t0 = sync_clock()
+        x, y = next(it)
+        x, y = x.to(job.device, non_blocking=True), y.to(job.device, non_blocking=True)
+        t1 = sync_clock()
+        optimizer.zero_grad()
+        if i < 0:
+            # DDP's allreduce hides in backward: time backward alone here (no update, ranks stay equal).
+            with job.no_sync():
+                F.cross_entropy(model(x), y).backward()
+            local_compute.append(sync_clock() - t1)
+            continue
+        F.cross_entropy(model(x), y).backward()
+        t2 = sync_clock()
+        job.sync(optimizer)
+        t3 = sync_clock()
+        job.update(optimizer)
+        t4 = sync_clock()
+        if i >= warmup:
+            for name, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+                phases[name].append(value)
+    return phases, (statistics.median(local_compute) if local_compute else float("nan"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="training-step benchmark worker (run by hvdkit bench train)")
+    p.add_argument("--impl", required=True, choices=IMPLS)
+    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--batch-size", type=int, default=32, help="per process")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=6)
+    p.add_argument("--image-size", type=int, default=64, help="resnet50 input side")
+    args = p.parse_args(argv)
+    job = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "ddp": DdpJob}[args.impl](args)
+    world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))))
+    torch.manual_seed(0)
+    model = MODELS[args.model]()
+    samples = (args.steps + args.warmup) * args.batch_size * world
+    model, optimizer, loader = job.setup(model, dataset(args.model, samples, args.image_size))
+    if args.impl != "ddp":
+        job.controller = "mpi" if job.hvd.mpi_enabled() and not job.hvd.gloo_enabled() else "gloo"
+    model.train()
+    phases, local_backward = step_times(job, model, optimizer, loader, args.steps, args.warmup)
+    if job.rank == 0:
+        params = sum(p.numel() for p in model.parameters())
+        emit({"impl": args.impl, "model": args.model, "np": job.size, "controller": job.controller,
+              "batch_size": args.batch_size, "image_size": args.image_size if args.model == "resnet50" else None,
+              "params": params, "grad_bytes": params * 4, "device": job.device.type, "machine": machine(),
+              "phases_s": phases, "local_backward_s": local_backward,
+              "threads": torch.get_num_threads()})
+    if args.impl == "ddp":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""`hvdkit plan`: predict step time and scaling efficiency before renting the GPUs.
+
+    hvdkit plan --params 25.6M --compute-ms 250 --bandwidth 12.5 --latency 10 --gpus 16,512
+    hvdkit plan --calibrate bench-results --model resnet50     # B and latency (and compute) from hvdkit bench
+
+The model (see hvdkit.core.plan): ring 2(N-1)/N*K/B + 2(N-1)*latency against a
+parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from hvdkit.bench.report import _pyplot, human_bytes
+from hvdkit.cli.bench import parse_size
+from hvdkit.core.errors import UserError
+from hvdkit.core.plan import Network, Workload, fit_network, predict, ring_allreduce_s
+
+RESNET50_PARAMS = 25_557_032
+
+
+def _count(text: str) -> float:
+    units = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
+    t = text.strip().upper()
+    unit = t[-1] if t and t[-1] in "KMBG" else ""
+    try:
+        return float(t[:-1] if unit else t) * units[unit]
+    except ValueError:
+        raise UserError(f"parameter count {text!r} is not understood: write e.g. 25.6M or 1.5B") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("plan", help="predict step time and scaling: ring-allreduce vs parameter server",
+                       description="First-principles cost model for data-parallel training; "
+                                   "--calibrate fits it to hvdkit bench results.")
+    p.add_argument("--params", default=None, help=f"model parameters, e.g. 25.6M (default: ResNet-50, {RESNET50_PARAMS:,})")
+    p.add_argument("--bytes-per-param", type=float, default=4, help="gradient bytes per parameter (4 fp32, 2 fp16)")
+    p.add_argument("--compute-ms", type=float, default=None, help="one worker's step without communication (ms)")
+    p.add_argument("--bandwidth", type=float, default=None, help="link bandwidth, GB/s per direction (12.5 = 100 Gb/s)")
+    p.add_argument("--latency", type=float, default=None, help="per-message latency, microseconds")
+    p.add_argument("--overlap", type=float, default=0.0, help="share of compute that hides communication, 0..1")
+    p.add_argument("--gpus", default="1,2,4,8,16,32,64,128,256,512", help="worker counts to predict")
+    p.add_argument("--calibrate", metavar="DIR", help="hvdkit bench --out directory: fit bandwidth/latency to "
+                                                      "allreduce.json, take compute from train.json")
+    p.add_argument("--impl", default="hvdkit", help="which implementation's bench rows to calibrate on")
+    p.add_argument("--model", default="resnet50", help="train.json model to take compute and params from")
+    p.add_argument("--plot", default=None, help="write a PNG of efficiency vs workers here")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=command)
+    return p
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist: run hvdkit bench first (--out sets the directory)") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not a bench result ({exc}): rerun hvdkit bench") from None
+
+
+def calibrate_network(directory: str, impl: str) -> tuple[Network, int]:
+    data = _load(os.path.join(directory, "allreduce.json"))
+    rows = [r for r in data.get("rows", []) if r["impl"] == impl and r["case"] == "sweep"]
+    if not rows:
+        have = sorted({r["impl"] for r in data.get("rows", [])})
+        raise UserError(f"{directory}/allreduce.json has no {impl!r} sweep: pick --impl from {', '.join(have) or 'none'}")
+    n = rows[0]["np"]
+    return fit_network([(r["bytes"], r["median_s"]) for r in rows], n), n
+
+
+def train_compute(directory: str, impl: str, model: str) -> dict | None:
+    """The bench train row for ``impl``/``model`` at its largest process count (None if there is none)."""
+    path = os.path.join(directory, "train.json")
+    if not os.path.exists(path):
+        return None
+    rows = [r for r in _load(path).get("rows", []) if r["impl"] == impl and r["model"] == model]
+    return max(rows, key=lambda r: r["np"]) if rows else None
+
+
+def command(args: argparse.Namespace) -> int:
+    gpus = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
+    if not gpus or gpus[0] < 1:
+        raise UserError(f"--gpus {args.gpus!r}: give worker counts of 1 or more, e.g. 1,8,16,512")
+    notes, check = [], None
+    params = _count(args.params) if args.params else RESNET50_PARAMS
+    compute_s = args.compute_ms / 1e3 if args.compute_ms else None
+    if args.calibrate:
+        net, fitted_np = calibrate_network(args.calibrate, args.impl)
+        notes.append(f"bandwidth and latency fitted to {args.impl}'s allreduce sweep on {fitted_np} processes")
+        row = train_compute(args.calibrate, args.impl, args.model)
+        if row:
+            measured_comm = row["allreduce_ms"] / 1e3
+            local = (row["step_ms"] - row["allreduce_ms"]) / 1e3
+            if not args.params:
+                params = row["params"]
+            if compute_s is None:
+                compute_s = local
+                notes.append(f"compute {local * 1e3:.1f} ms = measured {args.model} step minus its allreduce wait "
+                             f"({args.impl}, np={row['np']})")
+            predicted = compute_s + ring_allreduce_s(params * args.bytes_per_param, row["np"], net)
+            check = {"np": row["np"], "model": args.model, "measured_step_ms": row["step_ms"],
+                     "predicted_step_ms": predicted * 1e3,
+                     "error": predicted * 1e3 / row["step_ms"] - 1, "measured_allreduce_ms": measured_comm * 1e3}
+        if args.bandwidth:
+            net = Network(args.bandwidth * 1e9, net.latency)
+        if args.latency is not None:
+            net = Network(net.bandwidth, args.latency * 1e-6)
+    else:
+        net = Network((args.bandwidth or 12.5) * 1e9, (10.0 if args.latency is None else args.latency) * 1e-6)
+    if compute_s is None:
+        raise UserError("no compute time: give --compute-ms (one worker's step without communication), "
+                        "or --calibrate a directory that has train.json from hvdkit bench train")
+    work = Workload(grad_bytes=params * args.bytes_per_param, compute_s=compute_s, overlap=args.overlap)
+    preds = [predict(work, net, n) for n in gpus]
+    assumptions = {"params": params, "grad_bytes": work.grad_bytes, "compute_ms": compute_s * 1e3,
+                   "bandwidth_GBps": net.bandwidth / 1e9, "latency_us": net.latency * 1e6, "overlap": args.overlap,
+                   "notes": notes}
+    if args.plot:
+        _plot(args.plot, preds, assumptions)
+    if args.json:
+        print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
+        return 0
+    print(f"model: {params / 1e6:.1f} M params, {human_bytes(work.grad_bytes)} of gradients per step; "
+          f"compute {compute_s * 1e3:.1f} ms/step; overlap {args.overlap:.0%}")
+    print(f"network: {net.bandwidth / 1e9:.3g} GB/s per link, {net.latency * 1e6:.3g} us per message")
+    for note in notes:
+        print(f"  ({note})")
+    header = ["workers", "ring ms", "ring step", "ring eff", "PS ms", "PS step", "PS eff"]
+    lines = [header] + [[str(p.workers), f"{p.ring_comm_s * 1e3:.1f}", f"{p.ring_step_s * 1e3:.1f}",
+                         f"{p.ring_efficiency:.0%}", f"{p.ps_comm_s * 1e3:.1f}", f"{p.ps_step_s * 1e3:.1f}",
+                         f"{p.ps_efficiency:.0%}"] for p in preds]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    print("\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines))
+    if check:
+        print(f"check against bench train ({check['model']}, np={check['np']}): predicted "
+              f"{check['predicted_step_ms']:.1f} ms/step, measured {check['measured_step_ms']:.1f} ms "
+              f"({check['error']:+.0%})")
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _plot(path: str, preds, assumptions: dict) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p.workers for p in preds]
+    ax.plot(xs, [p.ring_efficiency for p in preds], marker="o", label="ring-allreduce")
+    ax.plot(xs, [p.ps_efficiency for p in preds], marker="s", label="parameter server (1 server)")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("workers (GPUs)")
+    ax.set_ylabel("scaling efficiency")
+    ax.set_title(f"{assumptions['params'] / 1e6:.1f} M params, {assumptions['compute_ms']:.0f} ms compute, "
+                 f"{assumptions['bandwidth_GBps']:.3g} GB/s, {assumptions['latency_us']:.3g} us", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,117 @@
+"""Elastic training on Horovod's elastic mode: survive lost workers, shrink and grow.
+
+Launch with Gloo and a host discovery script (or a fixed -H and --min-np)::
+
+    horovodrun -np 4 --min-np 2 --max-np 8 --host-discovery-script examples/discover_hosts.sh \\
+        python examples/pytorch_elastic.py
+
+In the script::
+
+    train_loader = hk.elastic.elastic_loader(train_set, batch_size=32, seed=0)
+    state = hk.elastic.ElasticState(model, optimizer, sampler=train_loader.sampler, base_lr=0.01)
+
+    @hk.elastic.run                     # on a lost worker or a host change: restore, re-sync, retry
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for x, y in train_loader:
+                ...one step...
+                state.step_done(len(x))   # count the batch; commit every commit_every steps
+            state.epoch_done()
+
+What a commit holds: model, optimizer, epoch, step, and the sampler's
+position (samples consumed this epoch). After a reset every worker goes back
+to the last commit, rank 0's state is broadcast (new workers get it too), the
+data is re-sharded over the new world size from the first unconsumed sample,
+and the learning rate is rescaled to ``base_lr x size``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hvdkit.core import lr as core_lr
+from hvdkit.torch._horovod import hvd
+from hvdkit.torch.context import current, refresh
+
+run = hvd.elastic.run
+"""Decorator for the training function: ``@hk.elastic.run def train(state): ...`` (Horovod's own)."""
+
+
+def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                   num_workers: int = 0, **loader_kwargs) -> DataLoader:
+    """A DataLoader over this rank's shard that re-shards when the world size changes.
+
+    Uses Horovod's ElasticSampler, which skips the samples already consumed
+    this epoch (by any rank) after a reset.
+    """
+    current()
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=shuffle, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, **loader_kwargs)
+
+
+class ElasticState(hvd.elastic.TorchState):
+    """Horovod's TorchState plus: step counting, commit hooks, LR rescaling and context refresh on reset.
+
+    ``base_lr`` is the single-process learning rate (one value for every
+    param group, or a list); on every reset each group's lr becomes
+    ``base_lr x size`` (see :func:`hvdkit.core.lr.scale_lr`). ``commit_every``
+    is how many steps pass between commits (a commit copies model and
+    optimizer state to host memory).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sampler=None,
+                 base_lr: float | list[float] | None = None, commit_every: int = 1, epoch: int = 0,
+                 step: int = 0, **kwargs):
+        if commit_every < 1:
+            raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+        if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
+            raise TypeError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
+                            "so the data is re-sharded when workers come and go")
+        extra = {"train_sampler": sampler} if sampler is not None else {}
+        super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
+        groups = len(optimizer.param_groups)
+        if base_lr is not None and not isinstance(base_lr, (list, tuple)):
+            base_lr = [base_lr] * groups
+        self._base_lr = list(base_lr) if base_lr is not None else None
+        self._commit_every = commit_every
+        self._commit_callbacks: list[Callable[["ElasticState"], None]] = []
+        self.register_reset_callbacks([self._after_reset])
+        self._after_reset()
+
+    def register_commit_callbacks(self, callbacks: list[Callable[["ElasticState"], None]]) -> None:
+        """Called right after each commit is saved, before host updates are checked (e.g. to log the step)."""
+        self._commit_callbacks.extend(callbacks)
+
+    def _after_reset(self) -> None:
+        ctx = refresh()
+        if self._base_lr is not None:
+            for group, base in zip(self.optimizer.param_groups, self._base_lr):
+                group["lr"] = core_lr.scale_lr(base, ctx.size, local_size=ctx.local_size,
+                                               on_gpu=ctx.device.type == "cuda")
+
+    def commit(self) -> None:
+        # Horovod's commit is save() then check_host_updates(), which may raise
+        # to start a reset; the callbacks run in between, so every commit they
+        # report is one training will resume from.
+        self.save()
+        for callback in self._commit_callbacks:
+            callback(self)
+        self.check_host_updates()
+
+    def step_done(self, batch_size: int) -> None:
+        """One optimizer step finished: record the samples every rank consumed, commit when due."""
+        self.step += 1
+        if getattr(self, "train_sampler", None) is not None:
+            self.train_sampler.record_batch(0, batch_size)
+        if self.step % self._commit_every == 0:
+            self.commit()
+
+    def epoch_done(self) -> None:
+        """End of an epoch: the next one starts (new shuffle, nothing consumed yet); commits."""
+        self.epoch += 1
+        if getattr(self, "train_sampler", None) is not None:
+            self.train_sampler.set_epoch(self.epoch)
+        self.commit()

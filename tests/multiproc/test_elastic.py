@@ -1,0 +1,42 @@
+"""Elastic training on one host: the job shrinks and grows as the discovery file changes, without restarting.
+
+(Losing a worker needs separate hosts, because Horovod blacklists the host of
+a failed worker: see tests/multihost/test_elastic_hosts.py.)
+"""
+
+import json
+import re
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, _tool, job_env
+from tests.elastic_job import ElasticJob, check_continuous
+
+pytestmark = pytest.mark.multiproc
+EPOCHS = 30
+
+
+def test_shrinks_and_grows_with_the_discovery_file(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# elastic hosts, edited while the job runs\nlocalhost slots=2\n")
+    argv = [_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
+            sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", str(EPOCHS), "--json"]
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    try:
+        job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 20, 180, "20 steps on 2 processes")
+        hosts.write_text("localhost slots=1\n")
+        job.wait_for(lambda c: sum(x.size == 1 for x in c) >= 20, 180, "20 steps after shrinking to 1")
+        hosts.write_text("localhost slots=2\n")
+        job.wait_for(lambda c: c[-1].size == 2 and any(x.size == 1 for x in c), 180, "growing back to 2")
+        assert job.finish(timeout=300) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    sizes = [c.size for c in job.commits]
+    changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
+    assert changes == [2, 1, 2], f"world sizes over the run: {changes}"
+    result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
+    check_continuous(job.commits, result["steps"])
+    assert result["epochs"] == EPOCHS and result["size"] == 2
+    assert result["test_accuracy"] >= 0.9, result
