@@ -81,7 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion")
     ar.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="processes (default %(default)s)")
     ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default %(default)s)")
-    ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size; the median is reported")
+    ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size in each launch (median taken)")
+    ar.add_argument("--rounds", type=int, default=3,
+                    help="launches of every implementation, interleaved; the median over rounds is reported")
     ar.add_argument("--impls", default=",".join(ALLREDUCE_IMPLS), help="comma-separated (default: all)")
     ar.add_argument("--no-resnet", action="store_true", help="skip the ResNet-50 many-tensors case")
     _common(ar)
@@ -96,8 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def allreduce_command(args: argparse.Namespace) -> int:
     if args.np < 1:
         raise UserError(f"-np {args.np} is not a process count: use 1 or more")
-    if args.repeats < 1:
-        raise UserError(f"--repeats {args.repeats}: use 1 or more")
+    if args.repeats < 1 or args.rounds < 1:
+        raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
     sizes = parse_sizes(args.sizes)
     target = _target(args)
     build = _build()
@@ -111,14 +113,16 @@ def allreduce_command(args: argparse.Namespace) -> int:
             print(launch.shell())
         return 0
     started = time.time()
-    payloads, failures = run_launches(launches, args.timeout, desc="allreduce")
+    # Rounds of every implementation in turn: on a shared machine the noise
+    # comes in bursts of seconds, which would otherwise hit one implementation.
+    payloads, failures = run_launches(launches * args.rounds, args.timeout, desc="allreduce")
     rows = report.allreduce_rows(payloads)
     out = report.ensure_dir(args.out)
     machine = report.machine_line(payloads[0]) if payloads else "?"
     title = f"allreduce, {args.np} processes on {len(target.hosts.hosts)} host(s); {machine}"
     data = {"kind": "allreduce", "np": args.np, "hosts": target.hosts.names, "machine": payloads[0]["machine"] if payloads else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), "skipped": skipped,
-            "failures": failures, "launches": [p["launch"] for p in payloads],
+            "failures": failures, "rounds": args.rounds, "launches": [p["launch"] for p in payloads],
             "env": {p["impl"]: p.get("env", {}) for p in payloads}, "rows": rows}
     report.write_json(os.path.join(out, "allreduce.json"), data)
     report.write_csv(os.path.join(out, "allreduce.csv"), rows)

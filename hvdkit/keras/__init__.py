@@ -19,10 +19,11 @@ from hvdkit.keras.callbacks import callbacks
 from hvdkit.keras.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hvdkit.keras.context import Context, current, init
 from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps_per_epoch
+from hvdkit.keras import elastic
 from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
 
 __all__ = [
     "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "broadcast_state",
-    "callbacks", "current", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
+    "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
     "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch",
 ]

@@ -40,7 +40,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     global _context
     mode = resolve_backend()
     coll = for_mode(mode)
-    apply_horovod_defaults()  # measured settings (hvdkit.core.tuning); the environment wins
+    apply_horovod_defaults(on_gpu=_has_gpu(mode))  # measured (hvdkit.core.tuning); the environment wins
     coll.hvd.init()
     local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
     threads = threads if threads is not None else cpu_threads_per_rank(local_size)
@@ -52,6 +52,16 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     if seed is not None:
         keras_module(mode).utils.set_random_seed(seed + _context.rank)
     return _context
+
+
+def _has_gpu(mode: str) -> bool:
+    if mode == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def _no_gpu_error(local_rank: int, local_size: int, visible: int) -> RuntimeError:
@@ -92,6 +102,17 @@ def _pin_torch(local_rank: int, local_size: int, threads: int | None) -> str:
     if threads is not None:
         torch.set_num_threads(threads)
     return "cpu"
+
+
+def refresh() -> Context:
+    """Re-read rank and size after Horovod re-initialised (an elastic reset); backend and device stay."""
+    global _context
+    ctx = current()
+    hvd = for_mode(ctx.backend).hvd
+    _context = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), backend=ctx.backend,
+                       device=ctx.device)
+    return _context
 
 
 def current() -> Context:

@@ -42,7 +42,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     thread per core and thrash (unless OMP_NUM_THREADS is set).
     """
     global _context
-    apply_horovod_defaults()  # measured settings (hvdkit.core.tuning); the environment wins
+    apply_horovod_defaults(on_gpu=torch.cuda.is_available())  # measured (hvdkit.core.tuning); the environment wins
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if torch.cuda.is_available():

@@ -17,12 +17,17 @@ pytestmark = pytest.mark.multiproc
 EPOCHS = 30
 
 
-def test_shrinks_and_grows_with_the_discovery_file(tmp_path):
+@pytest.mark.parametrize("example, extra", [
+    ("pytorch_elastic.py", []),
+    ("keras_elastic.py", ["--backend", "torch"]),
+    ("keras_elastic.py", ["--backend", "tensorflow"]),
+], ids=["torch", "keras-torch", "keras-tensorflow"])
+def test_shrinks_and_grows_with_the_discovery_file(tmp_path, example, extra):
     hosts = tmp_path / "hosts"
     hosts.write_text("# elastic hosts, edited while the job runs\nlocalhost slots=2\n")
     argv = [_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
             "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
-            sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", str(EPOCHS), "--json"]
+            sys.executable, str(ROOT / "examples" / example), *extra, "--epochs", str(EPOCHS), "--json"]
     job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 20, 180, "20 steps on 2 processes")

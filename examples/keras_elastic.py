@@ -1,0 +1,73 @@
+"""Elastic Keras training: keeps going when workers are lost, added or removed.
+
+    horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo \\
+        --host-discovery-script examples/discover_hosts.sh python examples/keras_elastic.py --backend torch
+
+Rank 0 prints one line per commit ("committed step N ... size S"). Every line
+that differs from the single-process script is marked `# hvdkit:`.
+"""
+
+import argparse
+import json
+import os
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=16, help="per process")
+    p.add_argument("--lr", type=float, default=0.05, help="single-process learning rate")
+    p.add_argument("--commit-every", type=int, default=1, help="batches between commits")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    return p.parse_args()
+
+
+args = parse_args()
+if args.backend == "tf_keras":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+else:
+    os.environ["KERAS_BACKEND"] = args.backend
+
+import hvdkit.keras as hk  # noqa: E402  # hvdkit:
+from hvdkit.core.datasets import load_dataset  # noqa: E402
+
+ctx = hk.init(seed=args.seed)  # hvdkit:
+if args.backend == "tf_keras":
+    import tf_keras as keras
+else:
+    import keras
+
+data = load_dataset("digits", "data/mnist", seed=args.seed)
+x_train, y_train = data.x_train.reshape(len(data.x_train), -1), data.y_train
+keras.utils.set_random_seed(args.seed)
+model = keras.Sequential([keras.Input((28 * 28,)), keras.layers.Dense(128, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(args.lr), momentum=0.9))  # hvdkit:
+model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+state = hk.elastic.KerasState(model, optimizer, base_lr=args.lr, commit_every=args.commit_every,  # hvdkit:
+                              seed=args.seed)
+state.register_commit_callbacks([  # hvdkit: rank 0 reports each commit
+    lambda s: hk.current().is_main and print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}",
+                                             flush=True)])
+
+
+@hk.elastic.run  # hvdkit: on a lost worker or a host change, restore the last commit and carry on
+def train(state):
+    while state.epoch < args.epochs:
+        xs, ys = state.shard(x_train, y_train)  # hvdkit: the rest of this epoch, this rank's part
+        model.fit(xs, ys, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[state.callback(args.batch_size)])  # hvdkit: count and commit every batch
+        state.epoch_done()  # hvdkit:
+
+
+start = time.time()
+train(state)
+loss, accuracy = model.evaluate(data.x_test.reshape(len(data.x_test), -1), data.y_test, verbose=0)
+if hk.current().is_main:  # hvdkit:
+    print(f"final test accuracy {accuracy:.2%} after {state.step} steps, {time.time() - start:.1f}s", flush=True)
+    if args.json:
+        print(json.dumps({"test_accuracy": float(accuracy), "steps": state.step, "size": hk.current().size,
+                          "epochs": state.epoch, "backend": args.backend}), flush=True)

@@ -1,0 +1,75 @@
+"""`hvdkit bench` and `hvdkit plan` end to end: real launches of every implementation, small sizes."""
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN, ROOT, job_env
+
+pytestmark = pytest.mark.cli
+
+
+def hvdkit(*args, timeout=600):
+    return subprocess.run([str(BIN / "hvdkit"), *args], capture_output=True, text=True, timeout=timeout,
+                          env=job_env(), cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,4M", "--repeats", "2", "--rounds", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "hvdkit/mpi4py" in proc.stdout and "ResNet-50 gradients" in proc.stdout
+    proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "4", "--warmup", "2",
+                  "--repeats", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return out
+
+
+def test_allreduce_bench_runs_every_implementation_on_two_processes(bench_dir):
+    data = json.loads((bench_dir / "allreduce.json").read_text())
+    assert data["np"] == 2 and not data["failures"]
+    impls = {r["impl"] for r in data["rows"]}
+    assert impls == {"hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py"}
+    assert all(r["np"] == 2 for r in data["rows"])
+    cases = {(r["impl"], r["case"]) for r in data["rows"]}
+    assert ("hvdkit", "resnet50-many") in cases and ("mpi4py", "resnet50-one") in cases
+    assert all(r["busbw_GBps"] > 0 for r in data["rows"])
+    assert (bench_dir / "allreduce.png").stat().st_size > 10_000
+    assert (bench_dir / "allreduce.csv").read_text().startswith("impl,label,controller,np,case,bytes")
+
+
+def test_train_bench_splits_the_step_for_three_implementations(bench_dir):
+    data = json.loads((bench_dir / "train.json").read_text())
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert set(rows) == {"hvdkit", "horovod", "ddp"} and all(r["np"] == 2 for r in rows.values())
+    for r in rows.values():
+        parts = sum(r[f"{p}_ms"] for p in ("input", "compute", "allreduce", "update"))
+        assert parts == pytest.approx(r["step_ms"], rel=0.35)   # medians of parts vs median of sums
+        assert r["samples_per_s"] > 0
+    assert (bench_dir / "train.png").stat().st_size > 10_000
+
+
+def test_plan_calibrates_on_bench_output(bench_dir, tmp_path):
+    proc = hvdkit("plan", "--calibrate", str(bench_dir), "--model", "mnist", "--gpus", "2,16,512", "--json",
+                  "--plot", str(tmp_path / "plan.png"))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["assumptions"]["bandwidth_GBps"] > 0 and plan["check"]["np"] == 2
+    by_n = {p["workers"]: p for p in plan["predictions"]}
+    assert by_n[512]["ring_efficiency"] > by_n[512]["ps_efficiency"]
+    assert (tmp_path / "plan.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "allreduce", "--sizes", "12Q"], "size '12Q' is not understood"),
+    (["bench", "allreduce", "--impls", "nccl2"], "unknown implementation 'nccl2'"),
+    (["bench", "train", "--models", "vgg"], "model 'vgg' is unknown"),
+    (["plan", "--calibrate", "/nonexistent"], "run hvdkit bench first"),
+    (["plan", "--gpus", "0"], "worker counts of 1 or more"),
+])
+def test_bad_bench_and_plan_input_is_one_line(args, message):
+    proc = hvdkit(*args, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

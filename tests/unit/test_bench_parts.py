@@ -1,0 +1,83 @@
+"""Benchmark plumbing: result transport through horovodrun's prefixes, sizes, launch plans, models, tuning."""
+
+import importlib.util
+import io
+
+import pytest
+
+from hvdkit.bench.models import MnistNet, ResNet50, resnet50_shapes
+from hvdkit.bench.report import allreduce_rows, allreduce_table, bus_factor
+from hvdkit.bench.results import collect, emit
+from hvdkit.bench.runner import BenchTarget, available, plan_horovodrun
+from hvdkit.cli.bench import parse_sizes
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import parse_hosts_string
+from hvdkit.core.launch import BuildFlags
+from hvdkit.core.tuning import apply_horovod_defaults
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def test_results_survive_rank_prefixes_inserted_mid_line():
+    payload = {"impl": "hvdkit", "rows": [{"times_s": [0.001 * i for i in range(300)]}]}
+    buf = io.StringIO()
+    emit(payload, buf)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) > 3
+    # What OpenMPI did in a real run: a prefix inside a line, and other ranks' output between lines.
+    mangled = [f"[1,0]<stdout>:{line[:50]}[1,0]<stdout>:{line[50:]}" if i == 2 else f"[1,0]<stdout>:{line}"
+               for i, line in enumerate(lines)]
+    mangled.insert(1, "[1,1]<stderr>:some warning")
+    assert collect("\n".join(mangled)) == payload
+    assert collect("\n".join(mangled[:-1])) is None   # a missing chunk is "no result", not garbage
+
+
+def test_sizes():
+    assert parse_sizes("4K:256M") == [4 << 10 << 2 * i for i in range(9)]
+    assert parse_sizes("1M,16M") == [1 << 20, 16 << 20]
+    for bad, fix in (("12Q", "16M"), ("1M:4K", "LOW:HIGH"), ("2", "4 bytes")):
+        with pytest.raises(UserError, match=fix):
+            parse_sizes(bad)
+
+
+def test_launch_plans_share_hosts_and_pick_controllers():
+    target = BenchTarget(np=4, hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345, python="/venv/bin/python")
+    build = BuildFlags(mpi=True, gloo=True)
+    plans = {impl: plan_horovodrun(impl, target, build, ("-m", "w"), port=29555)
+             for impl in ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")}
+    for plan in plans.values():
+        assert plan.argv[1:5] == ("-np", "4", "-H", "a:2,b:2") and "-p" in plan.argv
+    assert "--mpi" in plans["hvdkit"].argv and "--gloo" in plans["horovod-gloo"].argv
+    assert plans["torch"].env == {"MASTER_ADDR": "a", "MASTER_PORT": "29555"}
+    keep, skipped = available(["hvdkit", "horovod-mpi", "mpi4py", "torch"], BuildFlags(mpi=False, gloo=True))
+    assert keep == ["hvdkit", "torch"] and set(skipped) == {"horovod-mpi", "mpi4py"}
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert bus_factor(2) == 1.0 and bus_factor(8) == pytest.approx(1.75)
+    payloads = [{"impl": i, "label": i, "controller": "mpi", "np": 2,
+                 "rows": [{"case": "sweep", "bytes": 1 << 20, "tensors": 1, "times_s": [t, t, 1.0]}]}
+                for i, t in (("hvdkit", 0.001), ("mpi4py", 0.0005))]
+    rows = allreduce_rows(payloads)
+    assert rows[0]["median_s"] == 0.001 and rows[0]["busbw_GBps"] == pytest.approx((1 << 20) / 0.001 / 1e9)
+    assert "50%" in allreduce_table(rows)
+
+
+def test_resnet50_matches_torchvision_and_mnist_net_matches_the_example():
+    shapes = resnet50_shapes()
+    assert len(shapes) == 161 and sum(__import__("math").prod(s) for s in shapes) == 25_557_032
+    assert ResNet50()(__import__("torch").zeros(1, 3, 64, 64)).shape == (1, 1000)
+    spec = importlib.util.spec_from_file_location("example", ROOT / "examples" / "pytorch_mnist.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    ours = [(n, tuple(p.shape)) for n, p in MnistNet().named_parameters()]
+    assert ours == [(n, tuple(p.shape)) for n, p in example.Net().named_parameters()]
+
+
+def test_tuning_defaults_never_override_the_user():
+    env = {"HOROVOD_CYCLE_TIME": "5"}
+    assert apply_horovod_defaults(False, env) == {} and env["HOROVOD_CYCLE_TIME"] == "5"
+    env = {}
+    assert apply_horovod_defaults(False, env) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert apply_horovod_defaults(True, {}) == {}
