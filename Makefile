@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost env clean
+.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost env bench clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ test-multiproc: $(STAMP)
 
 env: $(STAMP)
 	$(BIN)/hvdkit env
+
+# The numbers in docs/BENCHMARKS.md: every implementation side by side (about 25 min on 2 cores).
+bench: $(STAMP)
+	$(BIN)/hvdkit bench allreduce -np $(NP) --out docs/bench
+	$(BIN)/hvdkit bench train -np 1,$(NP) --repeats 3 --steps 20 --out docs/bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

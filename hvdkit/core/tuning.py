@@ -18,7 +18,7 @@ import os
 # cycle lowers the latency of one allreduce, but on CPU the thread competes
 # with the training threads for the same cores. Measured with hvdkit bench
 # train (mnist model, 2 processes on 2 cores, MPI, three runs each, median
-# step): 0.1 ms 38.8-50.4 ms (forward+backward slowed by ~50%), 1 ms
+# step): 0.1 ms 38.8 and 50.4 ms (two runs; forward+backward up to 60% slower), 1 ms
 # 34.4-38.1 ms, 2 ms 26.7-32.5 ms, 5 ms 31.3-37.0 ms. So on CPU hvdkit uses
 # 2 ms. On GPUs the training threads do not share cores with it; Horovod's
 # default stays (no GPU measurement was made here to justify another value).

@@ -57,8 +57,11 @@ def test_plan_calibrates_on_bench_output(bench_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["assumptions"]["bandwidth_GBps"] > 0 and plan["check"]["np"] == 2
-    by_n = {p["workers"]: p for p in plan["predictions"]}
-    assert by_n[512]["ring_efficiency"] > by_n[512]["ps_efficiency"]
+    effs = [p["ring_efficiency"] for p in plan["predictions"]]
+    assert all(0 < e <= 1 for e in effs) and effs == sorted(effs, reverse=True)
+    # (which scheme wins at 512 depends on the fitted latency: a small model on a
+    # high-latency fit can favour one server, so the test does not assume it)
+    assert plan["check"]["measured_step_ms"] > 0 and plan["check"]["predicted_step_ms"] > 0
     assert (tmp_path / "plan.png").stat().st_size > 10_000
 
 
