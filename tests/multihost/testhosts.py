@@ -46,6 +46,7 @@ class HostOptions:
 
 
 class TestHosts:
+    __test__ = False  # a fixture helper, not a test class (its name starts with "Test")
     def __init__(self, names: list[str], options: dict[str, HostOptions] | None = None):
         self.names = names
         self.options = options or {}
