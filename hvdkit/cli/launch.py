@@ -1,4 +1,4 @@
-"""`hvdkit launch`: validate, print the exact horovodrun command, then run it.
+"""`hvdkit launch`: validate, print the exact horovodrun command, run it, and name the rank that failed.
 
     hvdkit launch -np 4 -H hosta:2,hostb:2 -p 12345 -- python examples/pytorch_mnist.py
     hvdkit launch -np 2 -H localhost:2 --gloo --dry-run -- python train.py   # print only
@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from hvdkit.cli.doctor import add_ssh_arguments
@@ -16,8 +20,8 @@ from hvdkit.cli.hosts import add_host_arguments, spec_from_args
 from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, run_bounded, ssh_argv, ssh_fix_hint
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import LOCAL_NAMES
-from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, plan_launch
+from hvdkit.core.hosts import LOCAL_NAMES, rank_layout
+from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -65,5 +69,41 @@ def command(args: argparse.Namespace) -> int:
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
     if args.dry_run:
         return 0
-    os.execvp(plan.argv[0], list(plan.argv))  # horovodrun replaces us: its exit code and signals are the job's
-    return 0
+    return supervise(plan.argv, rank_layout(cfg.hosts, cfg.np))
+
+
+def supervise(argv: tuple[str, ...], layout) -> int:
+    """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
+
+    Termination signals sent to hvdkit are passed on to horovodrun (Ctrl-C
+    reaches both, as they share the terminal's process group). The exit code
+    is horovodrun's (128 + N when a signal N ended it).
+    """
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    tail: deque[str] = deque(maxlen=500)
+
+    def pump(source, sink):
+        for line in source:
+            sink.write(line)
+            sink.flush()
+            tail.append(line)
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, sys.stdout), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda number, _frame: proc.send_signal(number))
+    while True:
+        try:
+            rc = proc.wait()
+            break
+        except KeyboardInterrupt:  # horovodrun got the same SIGINT; wait for it to wind the job down
+            continue
+    for reader in readers:
+        reader.join(timeout=5)
+    if rc != 0:
+        why = explain_failure("".join(tail), layout)
+        print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'} "
+              "(its own output is above)", file=sys.stderr, flush=True)
+    return rc if rc >= 0 else 128 - rc

@@ -10,11 +10,13 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import signal
 from dataclasses import dataclass, field
 
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, check_np, to_hosts_string
+from hvdkit.core.hosts import HostSpec, RankPlacement, check_np, to_hosts_string
 
 CONTROLLERS = ("auto", "mpi", "gloo")
 
@@ -93,3 +95,38 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         argv += ["--network-interface", cfg.network_interface]
     argv += [*cfg.extra_args, *cfg.command]
     return LaunchPlan(tuple(argv), controller, reason)
+
+
+# horovodrun's own words when a rank fails: Gloo says "Process name: 1", MPI
+# "Process name: [[29678,1],1]"; both follow with "Exit code: N". mpirun may
+# instead say "process rank 1 with PID 42 on node hostb exited on signal 9".
+_PROCESS = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],)?(\d+)\]?\s*\n\s*(?:\S+\s*)?Exit code:\s*(-?\d+)")
+_MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+def _cause(code: int) -> str:
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    return f"exit status {code}"
+
+
+def explain_failure(output: str, layout: list[RankPlacement]) -> str | None:
+    """One line naming the rank that failed first, its host and the cause, from horovodrun's output."""
+    hosts = {p.rank: p for p in layout}
+    match = _MPI_SIGNAL.search(output)
+    if match:
+        rank, node, number = int(match.group(1)), match.group(2), int(match.group(3))
+        place = hosts.get(rank)
+        local = f", local rank {place.local_rank}" if place else ""
+        return f"rank {rank} on {node}{local} ended first: {_cause(-number)}"
+    match = _PROCESS.search(output)
+    if not match:
+        return None
+    rank, code = int(match.group(1)), int(match.group(2))
+    place = hosts.get(rank)
+    where = f" on {place.host}, local rank {place.local_rank}" if place else ""
+    return f"rank {rank}{where} ended first: {_cause(code)}"

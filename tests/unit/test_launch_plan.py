@@ -48,3 +48,19 @@ def test_command_checks():
         check_command(("python", "nope.py"), exists=lambda p: False)
     check_command(("python", "-m", "mod"), exists=lambda p: False)
     check_command(("python3", "ok.py"), exists=lambda p: True)
+
+
+@pytest.mark.parametrize("output, line", [
+    ("The first process to do so was:\nProcess name: 3\nExit code: -9\n",
+     "rank 3 on b, local rank 1 ended first: killed by SIGKILL"),
+    ("  Process name: [[29678,1],1]\n  Exit code:    1\n", "rank 1 on a, local rank 1 ended first: exit status 1"),
+    ("mpirun noticed that process rank 2 with PID 0 on node b exited on signal 9 (Killed).",
+     "rank 2 on b, local rank 0 ended first: killed by SIGKILL"),
+    ("Process name: 0\nExit code: 137\n", "rank 0 on a, local rank 0 ended first: killed by SIGKILL"),
+    ("all fine", None),
+])
+def test_failure_line_names_rank_host_and_cause(output, line):
+    from hvdkit.core.hosts import rank_layout
+    from hvdkit.core.launch import explain_failure
+
+    assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
