@@ -1,6 +1,6 @@
 """Elastic data-parallel training: keeps going when workers are lost, added or removed.
 
-    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script examples/discover_hosts.sh \\
+    horovodrun -np 2 --min-np 1 --max-np 4 --network-interface lo --host-discovery-script examples/discover_hosts.sh \\
         python examples/pytorch_elastic.py                     # edit hostfiles/elastic while it runs
     horovodrun -np 4 --min-np 3 -H a:1,b:1,c:1,d:1 python examples/pytorch_elastic.py   # survives losing one
 

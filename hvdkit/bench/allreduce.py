@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from abc import ABC, abstractmethod
 
 import torch
 
 from hvdkit.bench.models import resnet50_shapes
-from hvdkit.bench.results import emit, machine
+from hvdkit.bench.results import emit, launcher_world, machine
 
 IMPLS = ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")
 
@@ -35,21 +36,24 @@ def iterations(nbytes: int) -> int:
     return max(3, min(100, (512 << 20) // max(nbytes, 1)))
 
 
-class Comm:
+class Comm(ABC):
     """One implementation's allreduce of a list of tensors, barrier and identity."""
 
     name = ""
     rank = size = 0
     device = torch.device("cpu")
 
+    @abstractmethod
     def allreduce(self, tensors: list[torch.Tensor]) -> None:
-        raise NotImplementedError
+        """Sum or average ``tensors`` in place across all ranks; return when done."""
 
+    @abstractmethod
     def barrier(self) -> None:
-        raise NotImplementedError
+        """Return once every rank has reached it."""
 
+    @abstractmethod
     def close(self) -> None:
-        pass
+        """Shut the library down cleanly on every rank."""
 
 
 class HorovodComm(Comm):
@@ -91,9 +95,7 @@ class TorchComm(Comm):
         import torch.distributed as dist
 
         env = os.environ
-        self.rank = int(env.get("HOROVOD_RANK", env.get("OMPI_COMM_WORLD_RANK", env.get("RANK", 0))))
-        self.size = int(env.get("HOROVOD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", env.get("WORLD_SIZE", 1))))
-        local_rank = int(env.get("HOROVOD_LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("LOCAL_RANK", 0))))
+        self.rank, self.size, local_rank = launcher_world()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -128,6 +130,9 @@ class MpiComm(Comm):
 
     def barrier(self):
         self.comm.Barrier()
+
+    def close(self):
+        self.MPI.Finalize()
 
 
 def make_comm(name: str) -> Comm:

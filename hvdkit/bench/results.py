@@ -49,24 +49,31 @@ def collect(output: str) -> dict | None:
         return None
 
 
-def machine() -> dict:
-    """What the numbers were measured on: host, CPU, cores, memory, GPU."""
-    import psutil
+def launcher_world() -> tuple[int, int, int]:
+    """(rank, size, local_rank) as the launcher set them: horovodrun (Gloo), mpirun or torchrun."""
+    env = os.environ
+    for prefix in ("HOROVOD_", "OMPI_COMM_WORLD_", ""):
+        rank_key = f"{prefix}RANK"
+        if rank_key in env:
+            size_key = f"{prefix}SIZE" if prefix else "WORLD_SIZE"
+            return int(env[rank_key]), int(env.get(size_key, 1)), int(env.get(f"{prefix}LOCAL_RANK", 0))
+    return 0, 1, 0
 
-    cpu = platform.processor() or platform.machine()
+
+def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
     except OSError:
-        pass
-    info = {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpu": None}
-    try:
-        import torch
+        names = []
+    return names[0] if names else (platform.processor() or platform.machine())
 
-        if torch.cuda.is_available():
-            info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
-    return info
+
+def machine() -> dict:
+    """What the numbers were measured on: host, CPU, cores, memory, GPUs (nvidia-smi, as in hvdkit env)."""
+    import psutil
+
+    from hvdkit.core.envreport import gpu_names
+
+    return {"host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpu": ", ".join(gpu_names()) or None}

@@ -23,13 +23,14 @@ import argparse
 import os
 import statistics
 import time
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvdkit.bench.models import MODELS
-from hvdkit.bench.results import emit, machine
+from hvdkit.bench.results import emit, launcher_world, machine
 
 IMPLS = ("hvdkit", "horovod", "ddp")
 
@@ -46,26 +47,25 @@ def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
                          torch.randint(0, 1000, (samples,), generator=g))
 
 
-class Job:
-    """What differs between the implementations: setup, loader, and how a step synchronises."""
+class Job(ABC):
+    """What differs between the implementations: setup (model, optimizer, loader) and how gradients are averaged.
+
+    ``horovod_optimizer``: gradients are averaged by a Horovod
+    DistributedOptimizer, whose remaining wait (``synchronize()``) is timed
+    on its own; otherwise (DDP) backward has already averaged them.
+    """
 
     rank = size = 0
     device = torch.device("cpu")
     controller = ""
+    horovod_optimizer = True
 
     def __init__(self, args):
         self.args = args
 
-    def sync(self, optimizer) -> None:  # the exposed gradient allreduce
-        pass
-
-    def update(self, optimizer) -> None:
-        optimizer.step()
-
-    def no_sync(self):
-        import contextlib
-
-        return contextlib.nullcontext()
+    @abstractmethod
+    def setup(self, model, data):
+        """Initialise the library; return the (wrapped) model, optimizer and this rank's loader."""
 
 
 class HvdkitJob(Job):
@@ -80,13 +80,6 @@ class HvdkitJob(Job):
         hk.broadcast_state(model, optimizer)
         loader = hk.distributed_loader(data, self.args.batch_size, shuffle=True, seed=0, drop_last=True)
         return model, optimizer, loader
-
-    def sync(self, optimizer):
-        optimizer.synchronize()
-
-    def update(self, optimizer):
-        with optimizer.skip_synchronize():
-            optimizer.step()
 
 
 class HorovodJob(HvdkitJob):
@@ -112,6 +105,8 @@ class HorovodJob(HvdkitJob):
 
 
 class DdpJob(Job):
+    horovod_optimizer = False
+
     def setup(self, model, data):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
@@ -130,9 +125,6 @@ class DdpJob(Job):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * self.size, momentum=0.9)
         sampler = DistributedSampler(data, num_replicas=self.size, rank=self.rank, shuffle=True, seed=0, drop_last=True)
         return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
-
-    def no_sync(self):
-        return self.model.no_sync()
 
 
 def batches(loader):
@@ -168,15 +160,20 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
         optimizer.zero_grad()
         if i < 0:
             # DDP's allreduce hides in backward: time backward alone here (no update, ranks stay equal).
-            with job.no_sync():
+            with job.model.no_sync():
                 F.cross_entropy(model(x), y).backward()
             local_compute.append(sync_clock() - t1)
             continue
         F.cross_entropy(model(x), y).backward()
         t2 = sync_clock()
-        job.sync(optimizer)
+        if job.horovod_optimizer:
+            optimizer.synchronize()
         t3 = sync_clock()
-        job.update(optimizer)
+        if job.horovod_optimizer:
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            optimizer.step()
         t4 = sync_clock()
         if i >= warmup:
             for name, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
@@ -194,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--image-size", type=int, default=64, help="resnet50 input side")
     args = p.parse_args(argv)
     job = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "ddp": DdpJob}[args.impl](args)
-    world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1))))
+    world = launcher_world()[1]
     torch.manual_seed(0)
     model = MODELS[args.model]()
     samples = (args.steps + args.warmup) * args.batch_size * world

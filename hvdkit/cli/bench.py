@@ -117,25 +117,38 @@ def allreduce_command(args: argparse.Namespace) -> int:
     # comes in bursts of seconds, which would otherwise hit one implementation.
     payloads, failures = run_launches(launches * args.rounds, args.timeout, desc="allreduce")
     rows = report.allreduce_rows(payloads)
-    out = report.ensure_dir(args.out)
     machine = report.machine_line(payloads[0]) if payloads else "?"
     title = f"allreduce, {args.np} processes on {len(target.hosts.hosts)} host(s); {machine}"
-    data = {"kind": "allreduce", "np": args.np, "hosts": target.hosts.names, "machine": payloads[0]["machine"] if payloads else None,
+    data = results_data("allreduce", payloads, started, skipped, failures, rows, np=args.np,
+                        hosts=target.hosts.names, rounds=args.rounds,
+                        env={p["impl"]: p.get("env", {}) for p in payloads})
+    return write_results(args, data, title, report.plot_allreduce, report.allreduce_table(rows))
+
+
+def results_data(kind: str, payloads: list[dict], started: float, skipped: dict, failures: list[str],
+                 rows: list[dict], **fields) -> dict:
+    """The JSON a bench writes: what ran, on which machine, when, what was skipped or failed, and the rows."""
+    return {"kind": kind, **fields, "machine": payloads[0]["machine"] if payloads else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), "skipped": skipped,
-            "failures": failures, "rounds": args.rounds, "launches": [p["launch"] for p in payloads],
-            "env": {p["impl"]: p.get("env", {}) for p in payloads}, "rows": rows}
-    report.write_json(os.path.join(out, "allreduce.json"), data)
-    report.write_csv(os.path.join(out, "allreduce.csv"), rows)
+            "failures": failures, "launches": [p["launch"] for p in payloads], "rows": rows}
+
+
+def write_results(args: argparse.Namespace, data: dict, title: str, plot, table: str) -> int:
+    """<kind>.json, .csv and .png under --out; the table (or --json) on stdout; failures on stderr, exit 1."""
+    kind, rows = data["kind"], data["rows"]
+    out = report.ensure_dir(args.out)
+    report.write_json(os.path.join(out, f"{kind}.json"), data)
+    report.write_csv(os.path.join(out, f"{kind}.csv"), rows)
     if rows:
-        report.plot_allreduce(os.path.join(out, "allreduce.png"), rows, title)
+        plot(os.path.join(out, f"{kind}.png"), rows, title)
     if args.json:
         print(json.dumps(data))
     else:
         print(title)
-        print(report.allreduce_table(rows))
-        for impl, why in skipped.items():
+        print(table)
+        for impl, why in data["skipped"].items():
             print(f"skipped {impl}: {why}")
-        print(f"wrote {out}/allreduce.csv, .json, .png")
-    for failure in failures:
+        print(f"wrote {out}/{kind}.csv, .json, .png")
+    for failure in data["failures"]:
         print(f"hvdkit bench: error: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if data["failures"] else 0

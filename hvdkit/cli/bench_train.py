@@ -7,8 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
@@ -16,7 +14,8 @@ from hvdkit.bench import report
 from hvdkit.bench.runner import BenchLaunch, BenchTarget, plan_horovodrun, run_launches
 from hvdkit.bench.train_report import plot_train, train_rows, train_table
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import LOCAL_NAMES, parse_hosts_string
+from hvdkit.core.hosts import LOCAL_NAMES
+from hvdkit.core.topology import share_of_cores
 
 TRAIN_IMPLS = ("hvdkit", "horovod", "ddp")
 
@@ -65,7 +64,7 @@ def plan_train(args: argparse.Namespace, build, python: str = sys.executable) ->
         # The same intra-op threads for every implementation: the host's cores
         # shared by its ranks (hvdkit's own default, made explicit so the
         # hand-written and DDP runs get it too).
-        threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // min(np, target.hosts.hosts[0].slots)))}
+        threads = {"OMP_NUM_THREADS": str(share_of_cores(min(np, target.hosts.hosts[0].slots)))}
         for model in models:
             batch = args.batch_size or (32 if model == "mnist" else 16)
             worker = ("-m", "hvdkit.bench.train", "--model", model, "--batch-size", str(batch),
@@ -86,7 +85,7 @@ def plan_train(args: argparse.Namespace, build, python: str = sys.executable) ->
 
 
 def command(args: argparse.Namespace) -> int:
-    from hvdkit.cli.bench import _build
+    from hvdkit.cli.bench import _build, results_data, write_results
 
     build = _build()
     launches, skipped = plan_train(args, build)
@@ -100,23 +99,6 @@ def command(args: argparse.Namespace) -> int:
     # Rounds of every launch in turn, so slow drift on a shared machine hits all implementations alike.
     payloads, failures = run_launches(launches * args.repeats, args.timeout, desc="train")
     rows = train_rows(payloads)
-    out = report.ensure_dir(args.out)
     machine = report.machine_line(payloads[0]) if payloads else "?"
-    data = {"kind": "train", "np": _np_list(args.np_list), "machine": payloads[0]["machine"] if payloads else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), "skipped": skipped,
-            "failures": failures, "launches": [p["launch"] for p in payloads], "rows": rows}
-    report.write_json(os.path.join(out, "train.json"), data)
-    report.write_csv(os.path.join(out, "train.csv"), rows)
-    if rows:
-        plot_train(os.path.join(out, "train.png"), rows, f"training step; {machine}")
-    if args.json:
-        print(json.dumps(data))
-    else:
-        print(f"training step; {machine}")
-        print(train_table(rows))
-        for impl, why in skipped.items():
-            print(f"skipped {impl}: {why}")
-        print(f"wrote {out}/train.csv, .json, .png")
-    for failure in failures:
-        print(f"hvdkit bench: error: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    data = results_data("train", payloads, started, skipped, failures, rows, np=_np_list(args.np_list))
+    return write_results(args, data, f"training step; {machine}", plot_train, train_table(rows))

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 from hvdkit.bench.report import _pyplot, human_bytes
-from hvdkit.cli.bench import parse_size
 from hvdkit.core.errors import UserError
 from hvdkit.core.plan import Network, Workload, fit_network, predict, ring_allreduce_s
 

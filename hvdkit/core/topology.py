@@ -42,4 +42,9 @@ def cpu_threads_per_rank(local_size: int) -> int | None:
     """
     if "OMP_NUM_THREADS" in os.environ:
         return None
+    return share_of_cores(local_size)
+
+
+def share_of_cores(local_size: int) -> int:
+    """This host's cores divided among its ``local_size`` processes (at least 1)."""
     return max(1, (os.cpu_count() or 1) // max(local_size, 1))

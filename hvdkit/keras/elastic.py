@@ -27,6 +27,7 @@ from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdkit.core import lr as core_lr
+from hvdkit.core.elastic import ElasticCommits
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import _numpy
 from hvdkit.keras.collectives import for_mode
@@ -60,20 +61,18 @@ def run(func):
     return run_fn(wrapper, reset)
 
 
-class KerasState(ObjectState):
+class KerasState(ElasticCommits, ObjectState):
     """Model and optimizer variables plus ``epoch``, ``step``, ``consumed`` and any keyword you add."""
 
     def __init__(self, model, optimizer, *, base_lr: float | None = None, commit_every: int = 1, seed: int = 0,
                  epoch: int = 0, step: int = 0, **kwargs):
-        if commit_every < 1:
-            raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+        self._init_commits(commit_every)
         if not model.built or not model.variables:
             raise ValueError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
                              "before making its KerasState")
         self.model, self.optimizer = model, optimizer
         self._coll = for_mode(current().backend)
-        self._base_lr, self._commit_every, self._seed = base_lr, commit_every, seed
-        self._commit_callbacks = []
+        self._base_lr, self._seed = base_lr, seed
         self._shard_len = 0
         ensure_built(model, optimizer)
         super().__init__(bcast_object=lambda obj: self._coll.broadcast_object(obj, 0, "hvdkit.elastic.state"),
@@ -109,28 +108,12 @@ class KerasState(ObjectState):
             set_learning_rate(self.optimizer, core_lr.scale_lr(self._base_lr, ctx.size, local_size=ctx.local_size,
                                                                on_gpu=ctx.device != "cpu"))
 
-    # -- commits -----------------------------------------------------------------
-    def register_commit_callbacks(self, callbacks) -> None:
-        """Called right after each commit is saved, before host updates are checked."""
-        self._commit_callbacks.extend(callbacks)
-
-    def commit(self) -> None:
-        self.save()
-        for callback in self._commit_callbacks:
-            callback(self)
-        self.check_host_updates()
-
-    def step_done(self, samples: int) -> None:
-        """One batch of ``samples`` per rank finished on every rank: count it, commit when due."""
-        self.step += 1
+    # -- what step_done/epoch_done record (hvdkit.core.elastic) -------------------
+    def _consume(self, samples: int) -> None:
         self.consumed += samples * current().size
-        if self.step % self._commit_every == 0:
-            self.commit()
 
-    def epoch_done(self) -> None:
-        self.epoch += 1
+    def _start_epoch(self) -> None:
         self.consumed = 0
-        self.commit()
 
     # -- data ----------------------------------------------------------------------
     def shard(self, *arrays):

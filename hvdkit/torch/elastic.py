@@ -27,12 +27,11 @@ and the learning rate is rescaled to ``base_lr x size``.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hvdkit.core import lr as core_lr
+from hvdkit.core.elastic import ElasticCommits
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current, refresh
 
@@ -52,7 +51,7 @@ def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, s
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, **loader_kwargs)
 
 
-class ElasticState(hvd.elastic.TorchState):
+class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     """Horovod's TorchState plus: step counting, commit hooks, LR rescaling and context refresh on reset.
 
     ``base_lr`` is the single-process learning rate (one value for every
@@ -65,8 +64,7 @@ class ElasticState(hvd.elastic.TorchState):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sampler=None,
                  base_lr: float | list[float] | None = None, commit_every: int = 1, epoch: int = 0,
                  step: int = 0, **kwargs):
-        if commit_every < 1:
-            raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+        self._init_commits(commit_every)
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
             raise TypeError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
@@ -76,14 +74,8 @@ class ElasticState(hvd.elastic.TorchState):
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):
             base_lr = [base_lr] * groups
         self._base_lr = list(base_lr) if base_lr is not None else None
-        self._commit_every = commit_every
-        self._commit_callbacks: list[Callable[["ElasticState"], None]] = []
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
-
-    def register_commit_callbacks(self, callbacks: list[Callable[["ElasticState"], None]]) -> None:
-        """Called right after each commit is saved, before host updates are checked (e.g. to log the step)."""
-        self._commit_callbacks.extend(callbacks)
 
     def _after_reset(self) -> None:
         ctx = refresh()
@@ -92,26 +84,10 @@ class ElasticState(hvd.elastic.TorchState):
                 group["lr"] = core_lr.scale_lr(base, ctx.size, local_size=ctx.local_size,
                                                on_gpu=ctx.device.type == "cuda")
 
-    def commit(self) -> None:
-        # Horovod's commit is save() then check_host_updates(), which may raise
-        # to start a reset; the callbacks run in between, so every commit they
-        # report is one training will resume from.
-        self.save()
-        for callback in self._commit_callbacks:
-            callback(self)
-        self.check_host_updates()
-
-    def step_done(self, batch_size: int) -> None:
-        """One optimizer step finished: record the samples every rank consumed, commit when due."""
-        self.step += 1
+    def _consume(self, samples: int) -> None:
         if getattr(self, "train_sampler", None) is not None:
-            self.train_sampler.record_batch(0, batch_size)
-        if self.step % self._commit_every == 0:
-            self.commit()
+            self.train_sampler.record_batch(0, samples)
 
-    def epoch_done(self) -> None:
-        """End of an epoch: the next one starts (new shuffle, nothing consumed yet); commits."""
-        self.epoch += 1
+    def _start_epoch(self) -> None:
         if getattr(self, "train_sampler", None) is not None:
             self.train_sampler.set_epoch(self.epoch)
-        self.commit()
