@@ -18,10 +18,13 @@ def hvdkit(*args, timeout=600):
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,4M", "--repeats", "2", "--rounds", "1", "--out", str(out))
+    # sizes 1000x apart: on a busy 2-core CI machine 64K and 4M both took about one
+    # cycle time (2 ms) once, so the calibration below saw no growth with size
+    proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,8M,64M", "--repeats", "3", "--rounds", "1",
+                  "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "hvdkit/mpi4py" in proc.stdout and "ResNet-50 gradients" in proc.stdout
-    proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "4", "--warmup", "2",
+    proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "8", "--warmup", "2",
                   "--repeats", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     return out
