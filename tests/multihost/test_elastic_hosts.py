@@ -1,4 +1,4 @@
-"""Elastic training across 4 test hosts (1 slot each): losing a worker, and a host leaving and coming back.
+"""Elastic training across 4 test hosts (1 slot each): losing a worker (each adapter), a host leaving and coming back.
 
 One slot per host because Horovod blacklists the host of a failed worker:
 with all ranks on one host, losing one would take the whole host away.
@@ -19,7 +19,16 @@ from tests.multihost.testhosts import PORT, TestHosts
 pytestmark = pytest.mark.multihost
 HOSTS = ["hosta", "hostb", "hostc", "hostd"]
 EPOCHS = 12
-EXAMPLE = [sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", str(EPOCHS), "--json"]
+EXAMPLES = {   # id: script and its arguments
+    "torch": ["pytorch_elastic.py"],
+    "keras-tensorflow": ["keras_elastic.py", "--backend", "tensorflow"],
+    "keras-torch": ["keras_elastic.py", "--backend", "torch"],
+}
+
+
+def example(name: str) -> list[str]:
+    script, *extra = EXAMPLES[name]
+    return [sys.executable, str(ROOT / "examples" / script), *extra, "--epochs", str(EPOCHS), "--json"]
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +40,15 @@ def four_hosts():
         yield cluster
 
 
-def elastic_argv(np: int, min_np: int) -> list[str]:
+def elastic_argv(np: int, min_np: int, name: str) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np", "4", "-p", str(PORT),
             "--network-interface", "eth0", "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
-            *EXAMPLE]
+            *example(name)]
 
 
-def start(cluster, hosts_file, np, min_np) -> ElasticJob:
+def start(cluster, hosts_file, np, min_np, name="torch") -> ElasticJob:
     env = job_env(HVDKIT_ELASTIC_HOSTS=str(hosts_file))
-    return ElasticJob(elastic_argv(np, min_np), env,
+    return ElasticJob(elastic_argv(np, min_np, name), env,
                       popen=lambda argv, env: cluster.spawn_on("hosta", argv, env)).start()
 
 
@@ -49,11 +58,11 @@ def result_of(job: ElasticJob) -> dict:
     return json.loads(match.group(1))
 
 
-def worker_on(host: str) -> psutil.Process:
+def worker_on(host: str, script: str) -> psutil.Process:
     """The training process Horovod started on ``host`` (its environment names the host)."""
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "pytorch_elastic.py" in " ".join(proc.info["cmdline"] or []) and \
+            if script in " ".join(proc.info["cmdline"] or []) and \
                     proc.environ().get("HOROVOD_HOSTNAME") == host and proc.name().startswith("python"):
                 return proc
         except psutil.Error:
@@ -66,23 +75,24 @@ def sizes_over(job: ElasticJob) -> list[int]:
     return [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(name: str) -> dict:
     """The same training in one process, no faults: the accuracy to match."""
     from tests.conftest import run_job
 
-    proc = run_job([*EXAMPLE], timeout=300)
+    proc = run_job(example(name), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return json.loads(re.search(r'(\{"test_accuracy".*\})', proc.stdout).group(1))
 
 
-def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, reference):
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, name):
+    expected = reference(name)
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
-    job = start(four_hosts, hosts_file, np=4, min_np=3)
+    job = start(four_hosts, hosts_file, np=4, min_np=3, name=name)
     try:
         job.wait_for(lambda c: c and c[-1].size == 4 and c[-1].step >= 20, 240, "20 steps on 4 hosts")
-        victim = worker_on("hostd")
+        victim = worker_on("hostd", EXAMPLES[name][0])
         victim.send_signal(signal.SIGKILL)
         job.wait_for(lambda c: sum(x.size == 3 for x in c) >= 10, 240, "10 steps on the 3 survivors")
         assert job.finish(timeout=400) == 0, job.output[-4000:]
@@ -94,7 +104,7 @@ def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, referenc
     assert result["epochs"] == EPOCHS and result["size"] == 3
     # Tolerance: the global batch and the data order change when the job shrinks, so the
     # model cannot equal the reference bit for bit; its accuracy must stay within 3 points.
-    assert abs(result["test_accuracy"] - reference["test_accuracy"]) <= 0.03, (result, reference)
+    assert abs(result["test_accuracy"] - expected["test_accuracy"]) <= 0.03, (result, expected)
     assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
 
 
