@@ -34,11 +34,17 @@ class ElasticCommits:
             callback(self)
         self.check_host_updates()
 
-    def step_done(self, samples: int) -> None:
-        """One optimizer step over ``samples`` per rank finished on every rank: record it, commit when due."""
+    def step_done(self, samples: int, *, last_of_epoch: bool = False) -> None:
+        """One optimizer step over ``samples`` per rank finished on every rank: record it, commit when due.
+
+        The epoch's last step is not committed on its own (``epoch_done``
+        commits it together with the new epoch): a commit that has consumed
+        the whole epoch but not yet moved on would resume into an empty epoch,
+        which Keras's ``fit`` cannot run.
+        """
         self.step += 1
         self._consume(samples)
-        if self.step % self._commit_every == 0:
+        if self.step % self._commit_every == 0 and not last_of_epoch:
             self.commit()
 
     def epoch_done(self) -> None:

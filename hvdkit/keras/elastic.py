@@ -117,16 +117,22 @@ class KerasState(ElasticCommits, ObjectState):
 
     # -- data ----------------------------------------------------------------------
     def shard(self, *arrays):
-        """This rank's equal part of the samples the current epoch has not consumed yet (shuffled by seed + epoch).
+        """This rank's part of the samples the current epoch has not consumed yet (shuffled by seed + epoch).
 
-        Every rank gets the same count, so every rank runs the same number of
-        steps; up to size-1 samples at the end of an epoch are left out.
+        As Horovod's ElasticSampler does for PyTorch, every rank gets
+        ceil(left / size) samples, the last few repeated from the start of
+        what is left, so every rank runs the same number of steps and a job
+        that grew past the samples left still takes one step.
         """
         ctx = current()
         n = len(arrays[0])
-        order = np.random.RandomState(self._seed + self.epoch).permutation(n)[self.consumed:]
-        per_rank = len(order) // ctx.size
-        mine = order[ctx.rank:per_rank * ctx.size:ctx.size]
+        left = np.random.RandomState(self._seed + self.epoch).permutation(n)[self.consumed:]
+        if not len(left):
+            raise ValueError(f"epoch {self.epoch} has no samples left ({n} in all, {self.consumed} consumed): "
+                             "call state.epoch_done() after each epoch's fit")
+        per_rank = -(-len(left) // ctx.size)
+        padded = np.resize(left, per_rank * ctx.size)   # np.resize repeats from the start
+        mine = padded[ctx.rank::ctx.size]
         self._shard_len = len(mine)
         out = tuple(a[mine] for a in arrays)
         return out if len(out) > 1 else out[0]
@@ -138,6 +144,8 @@ class KerasState(ElasticCommits, ObjectState):
 
         class ElasticCommit(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
-                state.step_done(min(batch_size, state._shard_len - batch * batch_size))
+                batches = -(-state._shard_len // batch_size)
+                state.step_done(min(batch_size, state._shard_len - batch * batch_size),
+                                last_of_epoch=batch == batches - 1)
 
         return ElasticCommit()

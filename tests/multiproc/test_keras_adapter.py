@@ -108,3 +108,19 @@ def test_keras_example_trains_on_digits(backend):
     print(f"keras example ({backend}): {result['test_accuracy']:.2%} in {time.time() - start:.1f}s wall")
     assert result["size"] == 2 and result["backend"] == backend
     assert result["test_accuracy"] >= 0.95
+
+
+@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
+def test_elastic_shard_pads_and_commits_the_epoch_end_once(launch, mode):
+    """A commit never holds an epoch consumed to the end, so a worker that joins never gets an empty shard."""
+    r0, r1 = launch(2, "keras_elastic_shard.py", "--mode", mode)
+    assert r0["size"] == r1["size"] == 2
+    assert len(r0["tiny"]) == len(r1["tiny"]) == 1 and r0["tiny"] == r1["tiny"]
+    assert r0["tiny_commits"] == [] and r0["after_tiny_epoch"] == [[1, 1, 0]]
+    assert len(r0["full"]) == len(r1["full"]) == 19
+    assert set(r0["full"]) | set(r1["full"]) == set(range(37))
+    assert len(set(r0["full"]) & set(r1["full"])) == 1, "one sample repeated to even out the ranks"
+    assert r0["full_commits"] == [[1, 2, 16], [1, 3, 32]], "steps 2 and 3 commit; the epoch's last waits"
+    assert "call state.epoch_done()" in r0["exhausted"] and "37 in all, 38 consumed" in r0["exhausted"]
+    assert r0["after_full_epoch"] == [[1, 2, 16], [1, 3, 32], [2, 4, 0]]
+    assert r0["after_full_epoch"] == r1["after_full_epoch"]

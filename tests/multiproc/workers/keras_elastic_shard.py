@@ -1,0 +1,56 @@
+"""Worker: KerasState.shard and its commit callback at an epoch's end (what a reset can resume into)."""
+
+import argparse
+import json
+import os
+
+from keras_common import keras_for, parse_args_and_select_backend
+
+args = parse_args_and_select_backend(argparse.ArgumentParser())
+
+import numpy as np  # noqa: E402
+
+import hvdkit.keras as hk  # noqa: E402
+
+ctx = hk.init(threads=1)
+keras = keras_for(args.mode)
+N, BATCH = 37, 8
+x = np.zeros((N, 4), "float32")
+x[:, 0] = np.arange(N)                                  # column 0 names the sample
+y = (np.arange(N) % 2).astype("int64")
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])   # never fit before the tiny shard
+opt = hk.DistributedOptimizer(keras.optimizers.SGD(0.01))
+model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+state = hk.elastic.KerasState(model, opt, seed=3)
+commits = []
+state.register_commit_callbacks([lambda s: commits.append((s.epoch, s.step, s.consumed))])
+
+
+def fit(xs, ys):
+    model.fit(xs, ys, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[state.callback(BATCH)])
+
+
+result = {"rank": ctx.rank, "size": ctx.size}
+# A job that grew to 2 ranks with 1 sample of the epoch left: each rank still gets (the same) one sample.
+state.consumed = N - 1
+xs, ys = state.shard(x, y)
+result["tiny"] = xs[:, 0].astype(int).tolist()
+fit(xs, ys)
+result["tiny_commits"] = list(commits)                   # the epoch's last step waits for epoch_done
+state.epoch_done()
+result["after_tiny_epoch"] = list(commits)
+# A whole epoch: 37 samples over 2 ranks -> 19 each (one repeated), batches of 8, 8, 3.
+xs, ys = state.shard(x, y)
+result["full"] = xs[:, 0].astype(int).tolist()
+commits.clear()
+fit(xs, ys)
+result["full_commits"] = list(commits)
+try:
+    state.shard(x, y)
+except ValueError as exc:
+    result["exhausted"] = str(exc)
+state.epoch_done()
+result["after_full_epoch"] = list(commits)
+with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
+    json.dump(result, f)
