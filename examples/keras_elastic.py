@@ -18,7 +18,7 @@ def parse_args():
     p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16, help="per process")
-    p.add_argument("--lr", type=float, default=0.05, help="single-process learning rate")
+    p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
     p.add_argument("--commit-every", type=int, default=1, help="batches between commits")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
