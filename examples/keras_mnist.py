@@ -29,6 +29,14 @@ def parse_args():
 
 
 args = parse_args()
+from hvdkit.core.datasets import DatasetError, load_dataset  # noqa: E402
+
+# Data before Keras: a bad --dataset or --data-dir fails in a second, before TensorFlow's start-up logs.
+try:
+    data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+except DatasetError as exc:
+    raise SystemExit(f"error: {exc}")
+
 # The backend must be chosen before Keras is imported.
 if args.backend == "tf_keras":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -36,7 +44,6 @@ else:
     os.environ["KERAS_BACKEND"] = args.backend
 
 import hvdkit.keras as hk  # noqa: E402  # hvdkit:
-from hvdkit.core.datasets import DatasetError, load_dataset  # noqa: E402
 
 ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
 if args.backend == "tf_keras":
@@ -59,10 +66,6 @@ def build_model():
     ])
 
 
-try:
-    data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
-except DatasetError as exc:
-    raise SystemExit(f"error: {exc}")
 x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
 
 model = build_model()

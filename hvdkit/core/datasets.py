@@ -90,8 +90,11 @@ def load_synthetic(size: int, seed: int = 0, test_size: int | None = None) -> Da
 def read_idx(path: str) -> np.ndarray:
     """Read an IDX file (the MNIST format), plain or gzipped, into a numpy array."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as exc:   # also gzip's BadGzipFile and a cut-off .gz
+        raise DatasetError(f"cannot read {path} ({exc}): re-download it or delete it") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise DatasetError(f"{path} is not an IDX file (bad magic number): re-download it or delete it")
     dtype = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}.get(raw[2])
@@ -115,7 +118,10 @@ def _find_idx(data_dir: str, stem: str) -> str | None:
 
 def download_mnist(data_dir: str, timeout: float = 30.0) -> None:
     """Fetch the four gzipped IDX files into ``data_dir``; raises DatasetError when offline."""
-    os.makedirs(data_dir, exist_ok=True)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+    except OSError as exc:
+        raise DatasetError(f"cannot create data dir {data_dir!r} ({exc.strerror}): choose a writable --data-dir") from None
     for stem in MNIST_FILES.values():
         if _find_idx(data_dir, stem):
             continue
@@ -141,6 +147,9 @@ def download_mnist(data_dir: str, timeout: float = 30.0) -> None:
 
 
 def load_mnist(data_dir: str, download: bool = True) -> Dataset:
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise DatasetError(f"data dir {data_dir!r} is a file, not a folder: "
+                           "point --data-dir at the folder that holds (or will hold) the MNIST IDX files")
     missing = [stem for stem in MNIST_FILES.values() if _find_idx(data_dir, stem) is None]
     if missing:
         if not download:

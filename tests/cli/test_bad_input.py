@@ -14,6 +14,7 @@ from tests.conftest import BIN, ROOT, job_env
 
 pytestmark = pytest.mark.cli
 EXAMPLE = str(ROOT / "examples" / "pytorch_mnist.py")
+KERAS_EXAMPLE = str(ROOT / "examples" / "keras_mnist.py")
 
 
 def digest_tree(path: Path) -> dict[str, str]:
@@ -31,6 +32,10 @@ def setup_files(tmp: Path) -> None:
     for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                  "t10k-labels-idx1-ubyte"):
         (tmp / "mnist" / stem).write_bytes(b"<html>a captive portal page, not MNIST</html>")
+    (tmp / "mnist-gz").mkdir()
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (tmp / "mnist-gz" / f"{stem}.gz").write_bytes(b"<html>saved under a .gz name</html>")
 
 
 CASES = [
@@ -52,6 +57,17 @@ CASES = [
      ["none.pt' does not exist"]),
     ("MNIST files that are not IDX", ["python", EXAMPLE, "--dataset", "mnist", "--data-dir", "{tmp}/mnist"],
      ["is not an IDX file", "re-download it or delete it"]),
+    ("MNIST .gz files that are not gzip", ["python", EXAMPLE, "--dataset", "mnist", "--data-dir", "{tmp}/mnist-gz"],
+     ["train-images-idx3-ubyte.gz", "Not a gzipped file", "re-download it or delete it"]),
+    ("data dir that is a file", ["python", EXAMPLE, "--dataset", "mnist", "--data-dir", "{tmp}/corrupt.pt"],
+     ["corrupt.pt' is a file, not a folder", "point --data-dir at the folder"]),
+    ("unknown dataset (PyTorch example)", ["python", EXAMPLE, "--dataset", "imagenet"],
+     ["invalid choice: 'imagenet'", "choose from 'digits', 'mnist', 'synthetic'"]),
+    ("unknown dataset (Keras example)", ["python", KERAS_EXAMPLE, "--dataset", "imagenet"],
+     ["invalid choice: 'imagenet'", "choose from 'digits', 'mnist', 'synthetic'"]),
+    ("data dir that is a file (Keras example)", ["python", KERAS_EXAMPLE, "--dataset", "mnist",
+                                                 "--data-dir", "{tmp}/corrupt.pt"],
+     ["corrupt.pt' is a file, not a folder"]),
 ]
 
 

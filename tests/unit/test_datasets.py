@@ -66,3 +66,29 @@ def test_missing_mnist_without_download_says_what_to_do(tmp_path):
 def test_unknown_dataset_lists_choices():
     with pytest.raises(DatasetError, match="digits, mnist, synthetic"):
         load_dataset("cifar")
+
+
+def test_data_dir_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "mnist").write_text("not a folder")
+    with pytest.raises(DatasetError, match="is a file, not a folder"):
+        load_dataset("mnist", str(tmp_path / "mnist"))
+
+
+def test_gz_that_is_not_gzip_is_reported(tmp_path):
+    (tmp_path / "x.gz").write_bytes(b"<html>not gzip</html>")
+    with pytest.raises(DatasetError, match="cannot read .*x.gz .*Not a gzipped file.*re-download"):
+        read_idx(str(tmp_path / "x.gz"))
+
+
+def test_cut_off_gz_is_reported(tmp_path):
+    write_idx(tmp_path / "x.gz", np.arange(1000, dtype=np.uint8))
+    data = (tmp_path / "x.gz").read_bytes()
+    (tmp_path / "x.gz").write_bytes(data[:len(data) // 2])
+    with pytest.raises(DatasetError, match="cannot read .*x.gz"):
+        read_idx(str(tmp_path / "x.gz"))
+
+
+def test_data_dir_that_cannot_be_created_is_named(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatasetError, match="cannot create data dir .*choose a writable --data-dir"):
+        load_dataset("mnist", str(tmp_path / "file" / "mnist"))
