@@ -12,16 +12,18 @@ import json
 import os
 import time
 
+from hvdkit.core.argtypes import non_negative_float, positive_float, positive_int
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
     p.add_argument("--dataset", choices=["digits", "mnist", "synthetic"], default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.001, help="single-process learning rate")
-    p.add_argument("--warmup-epochs", type=float, default=2)
+    p.add_argument("--epochs", type=positive_int, default=12)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per process")
+    p.add_argument("--lr", type=positive_float, default=0.001, help="single-process learning rate")
+    p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint", default=None, help="save here after training (.npz)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")

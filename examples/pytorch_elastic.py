@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk  # hvdkit:
+from hvdkit.core.argtypes import positive_float, positive_int
 from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 
@@ -26,10 +27,10 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=16, help="per process")
-    p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
-    p.add_argument("--commit-every", type=int, default=1, help="steps between commits (a commit copies the state)")
+    p.add_argument("--epochs", type=positive_int, default=10)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="per process")
+    p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
+    p.add_argument("--commit-every", type=positive_int, default=1, help="steps between commits (a commit copies the state)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()

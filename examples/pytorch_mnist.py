@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk  # hvdkit:
+from hvdkit.core.argtypes import non_negative_float, positive_float, positive_int
 from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 
@@ -42,10 +43,10 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.01, help="single-process learning rate")
-    p.add_argument("--warmup-epochs", type=float, default=2)
+    p.add_argument("--epochs", type=positive_int, default=12)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per process")
+    p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
+    p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint", default=None,
                    help="save after every epoch: a file, or a directory ending in '/' (newest 3 kept)")

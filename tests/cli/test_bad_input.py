@@ -68,6 +68,13 @@ CASES = [
     ("data dir that is a file (Keras example)", ["python", KERAS_EXAMPLE, "--dataset", "mnist",
                                                  "--data-dir", "{tmp}/corrupt.pt"],
      ["corrupt.pt' is a file, not a folder"]),
+    ("zero batch size", ["python", EXAMPLE, "--batch-size", "0"], ["--batch-size: 0 is not allowed", "give 1 or more"]),
+    ("zero epochs", ["python", EXAMPLE, "--epochs", "0"], ["--epochs: 0 is not allowed", "give 1 or more"]),
+    ("negative learning rate (Keras example)", ["python", KERAS_EXAMPLE, "--lr", "-0.1"],
+     ["--lr: -0.1 is not allowed", "give a number above 0"]),
+    ("commit interval that is not a number (elastic example)",
+     ["python", str(ROOT / "examples" / "pytorch_elastic.py"), "--commit-every", "often"],
+     ["--commit-every: 'often' is not an integer"]),
 ]
 
 
