@@ -1,13 +1,19 @@
 """hvdkit.keras under real horovodrun (Gloo, CPU) for Keras 3 + TensorFlow, Keras 3 + PyTorch and tf-keras."""
 
+import glob
+import hashlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import job_env
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, run_job
 
 pytestmark = pytest.mark.multiproc
 MODES = ["tensorflow", "torch", "tf_keras"]
@@ -95,11 +101,6 @@ def test_jax_backend_fails_at_init_naming_the_supported_backends():
 
 @pytest.mark.parametrize("backend", MODES)
 def test_keras_example_trains_on_digits(backend):
-    import re
-    import time
-
-    from tests.conftest import ROOT, horovodrun_cmd, run_job
-
     cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", backend, "--json"])
     start = time.time()
     proc = run_job(cmd, timeout=300)
@@ -124,3 +125,50 @@ def test_elastic_shard_pads_and_commits_the_epoch_end_once(launch, mode):
     assert "call state.epoch_done()" in r0["exhausted"] and "37 in all, 38 consumed" in r0["exhausted"]
     assert r0["after_full_epoch"] == [[1, 2, 16], [1, 3, 32], [2, 4, 0]]
     assert r0["after_full_epoch"] == r1["after_full_epoch"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_checkpoint_directory_keeps_last_and_falls_back_past_a_damaged_newest(launch, tmp_path, mode):
+    saved = launch(2, "keras_checkpoints.py", "--mode", mode, "--task", "save_dir")
+    assert saved[0]["size"] == 2
+    assert saved[0]["files"] == ["ckpt-00000002.npz", "ckpt-00000002.npz.sha256",
+                                 "ckpt-00000003.npz", "ckpt-00000003.npz.sha256"], "keep_last=2, no temp files"
+    newest = tmp_path / "ckpts" / "ckpt-00000003.npz"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF                                   # one flipped byte
+    newest.write_bytes(bytes(data))
+    loaded = launch(2, "keras_checkpoints.py", "--mode", mode, "--task", "load_dir")
+    for r in loaded:
+        assert r["extra"] == {"step": 2, "epoch": 2}
+        assert r["values"] == [2.0], "every rank holds the weights saved at step 2"
+    assert any("ckpt-00000003.npz skipped: checksum mismatch" in w for w in loaded[0]["warnings"])
+    assert newest.read_bytes() == bytes(data), "resume must not touch the damaged file"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
+    ckpt = tmp_path / "model.npz"
+    cmd = horovodrun_cmd(1, [str(WORKERS / "keras_checkpoints.py"), "--out", str(tmp_path), "--mode", mode,
+                             "--task", "slow_save", "--ckpt", str(ckpt)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(), start_new_session=True, cwd=ROOT)
+    try:
+        deadline = time.time() + 180
+        marker = tmp_path / "saved-first"
+        while time.time() < deadline and not (marker.exists() and marker.read_text()
+                                              and glob.glob(str(tmp_path / ".model.npz.*.tmp"))):
+            if proc.poll() is not None:
+                pytest.fail(f"worker exited early:\n{proc.stdout.read()[-3000:]}")
+            time.sleep(0.05)
+        assert glob.glob(str(tmp_path / ".model.npz.*.tmp")), "the large save never started"
+        os.kill(int(marker.read_text()), signal.SIGKILL)            # the writer dies mid-write
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    digest = (tmp_path / "model.npz.sha256").read_text().split()[0]
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest, "the checkpoint on disk is whole"
+    with np.load(ckpt) as data:
+        header = json.loads(bytes(data["header"]).decode())
+        assert header["extra"] == {"epoch": 7}
+        assert np.all(data["model_0"] == 1.5)

@@ -1,0 +1,63 @@
+"""Worker: hvdkit.keras checkpoint directories (keep-last, fallback past a damaged newest), and a save
+that the test kills mid-write (--task slow_save loops until killed)."""
+
+import argparse
+import json
+import logging
+import os
+
+from keras_common import keras_for, parse_args_and_select_backend
+
+p = argparse.ArgumentParser()
+p.add_argument("--task", choices=["save_dir", "load_dir", "slow_save"], required=True)
+p.add_argument("--ckpt", help="slow_save: the checkpoint file")
+args = parse_args_and_select_backend(p)
+
+import numpy as np  # noqa: E402
+
+import hvdkit.keras as hk  # noqa: E402
+
+ctx = hk.init(threads=1)
+keras = keras_for(args.mode)
+ckpt_dir = os.path.join(args.out, "ckpts") + os.sep
+
+
+def build(width, layers=1):
+    return keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(layers)])
+
+
+def fill(model, value):
+    for v in model.variables:
+        v.assign(np.full(tuple(v.shape), value, dtype="float32"))
+
+
+result = {"rank": ctx.rank, "size": ctx.size}
+if args.task == "save_dir":
+    model = build(4)
+    for step in (1, 2, 3):
+        fill(model, float(step))
+        hk.save_checkpoint(ckpt_dir, model, step=step, keep_last=2, epoch=step)
+    result["files"] = sorted(os.listdir(ckpt_dir)) if ctx.is_main else None
+elif args.task == "load_dir":
+    warnings = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    logging.getLogger("hvdkit.checkpoint").addHandler(Collect(logging.WARNING))
+    model = build(4)
+    result["extra"] = hk.load_checkpoint(ckpt_dir, model)
+    result["values"] = sorted({float(x) for w in model.get_weights() for x in np.ravel(w)})
+    result["warnings"] = warnings
+else:
+    small = build(4)
+    fill(small, 1.5)
+    hk.save_checkpoint(args.ckpt, small, epoch=7)
+    with open(os.path.join(args.out, "saved-first"), "w") as f:
+        f.write(str(os.getpid()))
+    big = build(4096, layers=8)                     # ~0.5 GB of float32: the save takes a while
+    while True:                                     # until killed
+        hk.save_checkpoint(args.ckpt, big, epoch=8)
+with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
+    json.dump(result, f)
