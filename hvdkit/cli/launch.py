@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+import hvdkit
 from hvdkit.cli.doctor import add_ssh_arguments
 from hvdkit.cli.hosts import add_host_arguments, spec_from_args
 from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, run_bounded, ssh_argv, ssh_fix_hint
@@ -27,7 +29,7 @@ from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
                             description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
-                                        "check the hosts answer over ssh, print the command, run it.")
+                                        "check the hosts answer over ssh with this hvdkit version, print the command, run it.")
     parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of processes")
     add_host_arguments(parser)
     add_ssh_arguments(parser)
@@ -35,21 +37,35 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="use MPI")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    parser.add_argument("--no-check", action="store_true", help="skip the ssh reachability check")
+    parser.add_argument("--no-check", action="store_true", help="skip the ssh and hvdkit version check")
     parser.add_argument("train_command", nargs=argparse.REMAINDER, help="-- python train.py ...")
     parser.set_defaults(func=command, controller="auto")
     return parser
 
 
-def quick_check(hosts: list[str], port: int | None, identity: str | None) -> None:
-    """Every remote host answers ssh within the connect timeout; raise naming the first that does not."""
+def quick_check(hosts: list[str], port: int | None, identity: str | None, python: str = sys.executable) -> None:
+    """Every remote host answers ssh and has this hvdkit version at the same path; raise naming the first that does not.
+
+    The version matters: ranks built from different checkouts can disagree
+    on defaults or on what they broadcast, and fail far from the cause.
+    """
     remote = [h for h in hosts if h not in LOCAL_NAMES]
+    probe = f"{shlex.quote(python)} -c 'import hvdkit; print(hvdkit.__version__)'"
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
-        results = list(pool.map(lambda h: run_bounded(ssh_argv(h, "true", port, identity), SSH_CONNECT_TIMEOUT_S + 10), remote))
-    for host, (rc, _, err) in zip(remote, results):
+        results = list(pool.map(lambda h: run_bounded(ssh_argv(h, probe, port, identity), SSH_CONNECT_TIMEOUT_S + 10),
+                                remote))
+    for host, (rc, out, err) in zip(remote, results):
+        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        if rc in (124, 255) or (rc == 127 and last.startswith("[Errno")):   # ssh itself failed (or is missing)
+            raise UserError(f"ssh to {host} failed ({last}): {ssh_fix_hint(host, err, port)}; "
+                            "'hvdkit doctor' checks everything")
         if rc != 0:
-            raise UserError(f"ssh to {host} failed ({(err.strip().splitlines() or ['exit %d' % rc])[-1]}): "
-                            f"{ssh_fix_hint(host, err, port)}; 'hvdkit doctor' checks everything")
+            raise UserError(f"hvdkit is not importable at {python} on {host} ({last}): install it there with "
+                            "scripts/install.sh at the same path (or use the same image)")
+        version = out.strip()
+        if version != hvdkit.__version__:
+            raise UserError(f"{host} has hvdkit {version}, this machine {hvdkit.__version__}: run scripts/install.sh "
+                            f"on {host} from the same checkout (or use the same image); 'hvdkit doctor' compares all versions")
 
 
 def command(args: argparse.Namespace) -> int:

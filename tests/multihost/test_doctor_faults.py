@@ -1,8 +1,11 @@
 """hvdkit doctor on clusters built with one fault each (own module: these hosts reuse the shared names)."""
 
+import sys
+import time
+
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import BIN, ROOT, job_env
 from tests.multihost.test_multihost import HOSTS, doctor, failed
 from tests.multihost.testhosts import PORT, HostOptions
 
@@ -27,3 +30,27 @@ def test_doctor_names_a_host_with_another_hvdkit_version(make_cluster, tmp_path)
     ((host, name, detail, fix),) = failed(report)
     assert (host, name) == ("hostb", "versions") and "hvdkit 0.0.0+other-" in detail
     assert "scripts/install.sh" in fix
+
+
+@pytest.mark.parametrize("change, needles", [
+    (lambda text: text.replace('__version__ = "', '__version__ = "0.0.0+other-'),
+     ["hostb has hvdkit 0.0.0+other-", "run scripts/install.sh on hostb"]),
+    (lambda text: text + '\nraise ImportError("half-installed")\n',
+     ["hvdkit is not importable at", "on hostb (ImportError: half-installed)", "install it there"]),
+])
+def test_launch_refuses_a_host_without_this_hvdkit_and_starts_nothing(make_cluster, tmp_path, change, needles):
+    init = ROOT / "hvdkit" / "__init__.py"
+    other = tmp_path / "__init__.py"
+    other.write_text(change(init.read_text()))
+    cluster = make_cluster({"hostb": HostOptions(overlay={str(init): str(other)})})
+    marker = tmp_path / "started"
+    argv = [str(BIN / "hvdkit"), "launch", "-np", "4", "-H", HOSTS, "-p", str(PORT), "--",
+            sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    start = time.time()
+    proc = cluster.run_on("hosta", argv, timeout=60, env=job_env())
+    assert proc.returncode == 2 and time.time() - start < 30, proc.stdout[-2000:]
+    errors = [line for line in proc.stdout.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stdout, proc.stdout[-2000:]
+    for needle in needles:
+        assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
+    assert not marker.exists(), "no rank may start"
