@@ -197,11 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     if comm.rank == 0:
         emit({"impl": args.impl, "label": comm.name, "controller": comm.controller, "np": comm.size,
               "device": comm.device.type, "machine": machine(), "rows": rows,
-              "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") and k in TUNING_KEYS}})
+              "env": {k: v for k, v in os.environ.items() if k in TUNING_KEYS}})
     comm.close()
 
 
-TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY")
+TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY",
+               "OMPI_MCA_mpi_yield_when_idle")
 
 if __name__ == "__main__":
     main()

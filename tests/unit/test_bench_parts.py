@@ -76,8 +76,9 @@ def test_resnet50_matches_torchvision_and_mnist_net_matches_the_example():
 
 
 def test_tuning_defaults_never_override_the_user():
-    env = {"HOROVOD_CYCLE_TIME": "5"}
+    env = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "0"}
     assert apply_horovod_defaults(False, env) == {} and env["HOROVOD_CYCLE_TIME"] == "5"
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
     env = {}
-    assert apply_horovod_defaults(False, env) == {"HOROVOD_CYCLE_TIME": "2"}
+    assert apply_horovod_defaults(False, env) == {"HOROVOD_CYCLE_TIME": "2", "OMPI_MCA_mpi_yield_when_idle": "1"}
     assert apply_horovod_defaults(True, {}) == {}
