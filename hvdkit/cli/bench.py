@@ -134,11 +134,13 @@ def results_data(kind: str, payloads: list[dict], started: float, skipped: dict,
 
 
 def write_results(args: argparse.Namespace, data: dict, title: str, plot, table: str) -> int:
-    """<kind>.json, .csv and .png under --out; the table (or --json) on stdout; failures on stderr, exit 1."""
+    """<kind>.json, .csv, .txt (the table) and .png under --out; the table (or --json) on stdout; failures on stderr, exit 1."""
     kind, rows = data["kind"], data["rows"]
     out = report.ensure_dir(args.out)
     report.write_json(os.path.join(out, f"{kind}.json"), data)
     report.write_csv(os.path.join(out, f"{kind}.csv"), rows)
+    with open(os.path.join(out, f"{kind}.txt"), "w") as f:
+        f.write(f"{title}\n{table}\n")
     if rows:
         plot(os.path.join(out, f"{kind}.png"), rows, title)
     if args.json:
@@ -148,7 +150,7 @@ def write_results(args: argparse.Namespace, data: dict, title: str, plot, table:
         print(table)
         for impl, why in data["skipped"].items():
             print(f"skipped {impl}: {why}")
-        print(f"wrote {out}/{kind}.csv, .json, .png")
+        print(f"wrote {out}/{kind}.csv, .json, .txt, .png")
     for failure in data["failures"]:
         print(f"hvdkit bench: error: {failure}", file=sys.stderr)
     return 1 if data["failures"] else 0

@@ -41,6 +41,7 @@ def test_allreduce_bench_runs_every_implementation_on_two_processes(bench_dir):
     assert all(r["busbw_GBps"] > 0 for r in data["rows"])
     assert (bench_dir / "allreduce.png").stat().st_size > 10_000
     assert (bench_dir / "allreduce.csv").read_text().startswith("impl,label,controller,np,case,bytes")
+    assert "bus bandwidth" in (bench_dir / "allreduce.txt").read_text()
 
 
 def test_train_bench_splits_the_step_for_three_implementations(bench_dir):
