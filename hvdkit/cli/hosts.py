@@ -15,11 +15,15 @@ from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import HostSpec, parse_hostfile, parse_hosts_string, rank_layout, to_hostfile, to_hosts_string
 
 
-def add_host_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    """-H / --hostfile, as horovodrun spells them (shared by hosts, doctor and launch)."""
+def add_host_arguments(parser: argparse.ArgumentParser, required: bool = True, discovery: bool = False) -> None:
+    """-H / --hostfile (/ --host-discovery-script), as horovodrun spells them (shared by hosts, doctor, launch)."""
     group = parser.add_mutually_exclusive_group(required=required)
     group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
     group.add_argument("--hostfile", help="file with one '<host> slots=<N>' a line")
+    if discovery:
+        group.add_argument("--host-discovery-script", metavar="SCRIPT",
+                           help="elastic job: an executable that prints host:slots lines, rerun while the job "
+                                "runs (e.g. examples/discover_hosts.sh)")
 
 
 def spec_from_args(args: argparse.Namespace) -> HostSpec:

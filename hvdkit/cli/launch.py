@@ -2,6 +2,8 @@
 
     hvdkit launch -np 4 -H hosta:2,hostb:2 -p 12345 -- python examples/pytorch_mnist.py
     hvdkit launch -np 2 -H localhost:2 --gloo --dry-run -- python train.py   # print only
+    hvdkit launch -np 4 --min-np 2 --max-np 8 --host-discovery-script examples/discover_hosts.sh \
+        -- python examples/pytorch_elastic.py                                   # elastic
 """
 
 from __future__ import annotations
@@ -19,19 +21,28 @@ from concurrent.futures import ThreadPoolExecutor
 import hvdkit
 from hvdkit.cli.doctor import add_ssh_arguments
 from hvdkit.cli.hosts import add_host_arguments, spec_from_args
+from hvdkit.core.argtypes import positive_int
 from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, run_bounded, ssh_argv, ssh_fix_hint
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import LOCAL_NAMES, rank_layout
+from hvdkit.core.hosts import LOCAL_NAMES, HostSpec, parse_discovery_output, rank_layout
 from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
+
+DISCOVERY_TIMEOUT_S = 30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
                             description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
                                         "check the hosts answer over ssh with this hvdkit version, print the command, run it.")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of processes")
-    add_host_arguments(parser)
+    parser.add_argument("-np", "--num-proc", dest="np", type=positive_int, required=True,
+                        help="number of processes (elastic: to start with)")
+    add_host_arguments(parser, discovery=True)
+    elastic = parser.add_argument_group(
+        "elastic", "--host-discovery-script, --min-np or --max-np makes the job elastic (on Gloo)")
+    elastic.add_argument("--min-np", type=positive_int, help="keep training while at least this many remain "
+                                                               "(default: -np)")
+    elastic.add_argument("--max-np", type=positive_int, help="grow to at most this many")
     add_ssh_arguments(parser)
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
@@ -68,6 +79,24 @@ def quick_check(hosts: list[str], port: int | None, identity: str | None, python
                             f"on {host} from the same checkout (or use the same image); 'hvdkit doctor' compares all versions")
 
 
+def discover_hosts(script: str) -> HostSpec:
+    """Run an elastic job's discovery script once, as horovodrun will, and parse what it prints.
+
+    horovodrun runs it again every second; a script that fails now would fail
+    the job at start-up, after the workers' ssh set-up, with a less clear message.
+    """
+    if not os.path.isfile(script):
+        raise UserError(f"discovery script {script!r} does not exist: check the path (e.g. examples/discover_hosts.sh)")
+    if not os.access(script, os.X_OK):
+        raise UserError(f"discovery script {script!r} is not executable: chmod +x {shlex.quote(script)}")
+    rc, out, err = run_bounded([os.path.abspath(script)], DISCOVERY_TIMEOUT_S)
+    if rc != 0:
+        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        raise UserError(f"discovery script {script} failed ({last}): run it by hand and fix it; "
+                        "it must print host:slots lines and exit 0")
+    return parse_discovery_output(out, script)
+
+
 def command(args: argparse.Namespace) -> int:
     cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
     check_command(cmd)
@@ -75,17 +104,24 @@ def command(args: argparse.Namespace) -> int:
     if build is None:
         raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    cfg = LaunchConfig(np=args.np, hosts=spec_from_args(args), command=cmd, controller=args.controller,
+    script = args.host_discovery_script
+    hosts = discover_hosts(script) if script else spec_from_args(args)
+    cfg = LaunchConfig(np=args.np, hosts=hosts, command=cmd, controller=args.controller,
                        ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface,
-                       horovodrun=launcher if os.path.exists(launcher) else "horovodrun")
+                       horovodrun=launcher if os.path.exists(launcher) else "horovodrun",
+                       min_np=args.min_np, max_np=args.max_np, discovery_script=script)
     plan = plan_launch(cfg, BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"]))
     if not args.no_check and not args.dry_run:
-        quick_check(cfg.hosts.names, args.ssh_port, args.ssh_identity_file)
+        quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
+    if script and hosts.total_slots < args.np:
+        print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {args.np}; "
+              "horovodrun waits for more, for up to HOROVOD_ELASTIC_TIMEOUT (600 s by default)",
+              file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
-    return supervise(plan.argv, rank_layout(cfg.hosts, cfg.np))
+    return supervise(plan.argv, rank_layout(hosts, min(cfg.np, hosts.total_slots)))
 
 
 def supervise(argv: tuple[str, ...], layout) -> int:

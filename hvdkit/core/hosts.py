@@ -116,6 +116,24 @@ def parse_hosts_string(text: str) -> HostSpec:
     return builder.build()
 
 
+def parse_discovery_output(text: str, script: str) -> HostSpec:
+    """Parse what an elastic job's ``--host-discovery-script`` printed: one ``host:slots`` a line."""
+    builder = _Builder(f"discovery script {script}")
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        where = f"discovery script {script}, output line {number} ({line!r})"
+        name, sep, slots = line.partition(":")
+        if not sep:
+            raise HostSpecError(f"{where}: slots are missing: print host:slots, one host a line")
+        builder.add(name, _slots(slots, where, name), where)
+    if not builder.hosts:
+        raise HostSpecError(f"discovery script {script} printed no hosts: make it print host:slots lines "
+                            "(examples/discover_hosts.sh prints those of $HVDKIT_ELASTIC_HOSTS)")
+    return builder.build()
+
+
 def parse_hostfile_text(text: str, path: str = "<hostfile>") -> HostSpec:
     """Parse a hostfile; errors carry ``path:line``."""
     builder = _Builder(path)

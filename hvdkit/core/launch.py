@@ -32,7 +32,7 @@ class BuildFlags:
 @dataclass(frozen=True)
 class LaunchConfig:
     np: int
-    hosts: HostSpec
+    hosts: HostSpec | None
     command: tuple[str, ...]
     controller: str = "auto"
     ssh_port: int | None = None
@@ -40,6 +40,16 @@ class LaunchConfig:
     network_interface: str | None = None
     horovodrun: str = "horovodrun"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    # Elastic mode (any of these set): Horovod restarts the workers on a new
+    # host set instead of ending the job. With a discovery script, `hosts` is
+    # what the script printed at launch (used for checks, not passed on).
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: str | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_np is not None or self.max_np is not None or self.discovery_script is not None
 
 
 @dataclass(frozen=True)
@@ -82,19 +92,73 @@ def check_command(command: tuple[str, ...], exists=os.path.exists) -> None:
 
 def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
     """Validate ``cfg`` and return the horovodrun command that runs it. Pure: reads no files, runs nothing."""
-    check_np(cfg.hosts, cfg.np)
     if cfg.ssh_port is not None and not 0 < cfg.ssh_port < 65536:
         raise UserError(f"ssh port {cfg.ssh_port} is out of range: use 1-65535 (hvdkit's image uses 12345)")
-    controller, reason = choose_controller(cfg.controller, build)
-    argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]
+    nic = cfg.network_interface
+    if cfg.elastic:
+        argv, controller, reason = _elastic_argv(cfg, build)
+        if nic is None:
+            nic, why = _elastic_nic(cfg)
+            reason += f"; {why}"
+    else:
+        if cfg.hosts is None:
+            raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or --host-discovery-script SCRIPT")
+        check_np(cfg.hosts, cfg.np)
+        controller, reason = choose_controller(cfg.controller, build)
+        argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]
     if cfg.ssh_port is not None:
         argv += ["-p", str(cfg.ssh_port)]
     if cfg.ssh_identity_file:
         argv += ["--ssh-identity-file", cfg.ssh_identity_file]
-    if cfg.network_interface:
-        argv += ["--network-interface", cfg.network_interface]
+    if nic:
+        argv += ["--network-interface", nic]
     argv += [*cfg.extra_args, *cfg.command]
     return LaunchPlan(tuple(argv), controller, reason)
+
+
+def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str, str]:
+    """horovodrun's elastic flags, checked against the rules horovodrun itself enforces only after start-up."""
+    min_np = cfg.np if cfg.min_np is None else cfg.min_np
+    if not 1 <= min_np <= cfg.np:
+        raise UserError(f"--min-np {min_np} must be between 1 and -np {cfg.np}: the job starts with -np processes "
+                        "and carries on while at least --min-np remain")
+    if cfg.max_np is not None and cfg.max_np < cfg.np:
+        raise UserError(f"--max-np {cfg.max_np} is below -np {cfg.np}: raise --max-np or lower -np")
+    if cfg.controller == "mpi":
+        raise UserError("elastic jobs run on Gloo (Horovod's elastic mode has no MPI controller): drop --mpi")
+    if not build.gloo:
+        raise UserError("elastic training needs Horovod built with Gloo: rebuild it with scripts/install.sh")
+    argv = [cfg.horovodrun, "-np", str(cfg.np), "--min-np", str(min_np)]
+    if cfg.max_np is not None:
+        argv += ["--max-np", str(cfg.max_np)]
+    if cfg.discovery_script is not None:
+        argv += ["--host-discovery-script", cfg.discovery_script]
+    elif cfg.hosts is None:
+        raise UserError("an elastic job needs its hosts: pass --host-discovery-script SCRIPT "
+                        "(examples/discover_hosts.sh reads a hosts file you can edit while it runs)")
+    elif len(cfg.hosts.hosts) < 2:
+        # horovodrun's own rule for a fixed host list (it cannot blacklist its only host).
+        raise UserError(f"an elastic job on a fixed {cfg.hosts.source} list needs 2 or more hosts, got "
+                        f"{to_hosts_string(cfg.hosts)}: list more hosts, or use --host-discovery-script "
+                        "examples/discover_hosts.sh")
+    else:
+        check_np(cfg.hosts, cfg.np)
+        argv += ["-H", to_hosts_string(cfg.hosts)]
+    return argv + ["--gloo"], "gloo", "elastic training runs on Gloo"
+
+
+def _elastic_nic(cfg: LaunchConfig) -> tuple[str | None, str]:
+    """The interface an elastic job needs named: horovodrun's elastic mode finds a
+    common interface by asking two hosts, so without --network-interface a job on
+    one host waits (600 s by default) for a second that never comes, then fails."""
+    if cfg.hosts is None or len(cfg.hosts.hosts) >= 2:
+        return None, "horovodrun finds the common network interface"
+    if cfg.hosts.is_local_only():
+        return "lo", ("--network-interface lo, as every host is this machine "
+                      "(pass --network-interface to grow onto other hosts)")
+    raise UserError(f"an elastic job starting on one host ({cfg.hosts.hosts[0].name}) needs --network-interface: "
+                    "horovodrun otherwise waits for a second host to compare interfaces; pass the one your "
+                    "hosts share, e.g. --network-interface eth0")
 
 
 # horovodrun's own words when a rank fails: Gloo says "Process name: 1", MPI

@@ -36,6 +36,12 @@ def setup_files(tmp: Path) -> None:
     for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                  "t10k-labels-idx1-ubyte"):
         (tmp / "mnist-gz" / f"{stem}.gz").write_bytes(b"<html>saved under a .gz name</html>")
+    scripts = {"discover-plain.sh": ("#!/bin/sh\necho localhost:2\n", 0o644),
+               "discover-fails.sh": ("#!/bin/sh\necho 'cannot reach the scheduler' >&2\nexit 3\n", 0o755),
+               "discover-garbage.sh": ("#!/bin/sh\necho 'localhost slots=2'\n", 0o755)}
+    for name, (text, mode) in scripts.items():
+        (tmp / name).write_text(text)
+        (tmp / name).chmod(mode)
 
 
 CASES = [
@@ -72,6 +78,21 @@ CASES = [
     ("zero epochs", ["python", EXAMPLE, "--epochs", "0"], ["--epochs: 0 is not allowed", "give 1 or more"]),
     ("negative learning rate (Keras example)", ["python", KERAS_EXAMPLE, "--lr", "-0.1"],
      ["--lr: -0.1 is not allowed", "give a number above 0"]),
+    ("missing discovery script", ["hvdkit", "launch", "-np", "2", "--host-discovery-script", "{tmp}/nope.sh",
+                                  "--", "python", EXAMPLE], ["nope.sh' does not exist", "check the path"]),
+    ("discovery script not executable", ["hvdkit", "launch", "-np", "2", "--host-discovery-script",
+                                         "{tmp}/discover-plain.sh", "--", "python", EXAMPLE],
+     ["discover-plain.sh' is not executable", "chmod +x"]),
+    ("discovery script that fails", ["hvdkit", "launch", "-np", "2", "--host-discovery-script",
+                                     "{tmp}/discover-fails.sh", "--", "python", EXAMPLE],
+     ["discover-fails.sh failed (cannot reach the scheduler)", "exit 0"]),
+    ("discovery script printing a hostfile line", ["hvdkit", "launch", "-np", "2", "--host-discovery-script",
+                                                   "{tmp}/discover-garbage.sh", "--", "python", EXAMPLE],
+     ["output line 1 ('localhost slots=2')", "print host:slots"]),
+    ("elastic --min-np above -np", ["hvdkit", "launch", "-np", "2", "--min-np", "3", "-H", "a:2,b:2",
+                                    "--", "python", EXAMPLE], ["--min-np 3 must be between 1 and -np 2"]),
+    ("elastic job with --mpi", ["hvdkit", "launch", "-np", "2", "--max-np", "4", "--mpi", "-H", "a:2,b:2",
+                                "--", "python", EXAMPLE], ["elastic jobs run on Gloo", "drop --mpi"]),
     ("commit interval that is not a number (elastic example)",
      ["python", str(ROOT / "examples" / "pytorch_elastic.py"), "--commit-every", "often"],
      ["--commit-every: 'often' is not an integer"]),

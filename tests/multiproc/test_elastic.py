@@ -17,17 +17,23 @@ pytestmark = pytest.mark.multiproc
 EPOCHS = 30
 
 
-@pytest.mark.parametrize("example, extra", [
-    ("pytorch_elastic.py", []),
-    ("keras_elastic.py", ["--backend", "torch"]),
-    ("keras_elastic.py", ["--backend", "tensorflow"]),
+@pytest.mark.parametrize("launcher, example, extra", [
+    # hvdkit launch for one case (it must add --network-interface lo itself),
+    # plain horovodrun, as the README shows, for the others.
+    ("hvdkit", "pytorch_elastic.py", []),
+    ("horovodrun", "keras_elastic.py", ["--backend", "torch"]),
+    ("horovodrun", "keras_elastic.py", ["--backend", "tensorflow"]),
 ], ids=["torch", "keras-torch", "keras-tensorflow"])
-def test_shrinks_and_grows_with_the_discovery_file(tmp_path, example, extra):
+def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, extra):
     hosts = tmp_path / "hosts"
     hosts.write_text("# elastic hosts, edited while the job runs\nlocalhost slots=2\n")
-    argv = [_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
-            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
-            sys.executable, str(ROOT / "examples" / example), *extra, "--epochs", str(EPOCHS), "--json"]
+    elastic = ["-np", "2", "--min-np", "1", "--max-np", "2",
+               "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh")]
+    if launcher == "hvdkit":
+        argv = [_tool("hvdkit"), "launch", *elastic, "--"]
+    else:
+        argv = [_tool("horovodrun"), *elastic, "--network-interface", "lo"]
+    argv += [sys.executable, str(ROOT / "examples" / example), *extra, "--epochs", str(EPOCHS), "--json"]
     job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 20, 180, "20 steps on 2 processes")
@@ -45,3 +51,5 @@ def test_shrinks_and_grows_with_the_discovery_file(tmp_path, example, extra):
     check_continuous(job.commits, result["steps"])
     assert result["epochs"] == EPOCHS and result["size"] == 2
     assert result["test_accuracy"] >= 0.9, result
+    if launcher == "hvdkit":
+        assert "--min-np 1 --max-np 2 --host-discovery-script" in job.output and "--network-interface lo" in job.output

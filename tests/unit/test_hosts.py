@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from hvdkit.core.hosts import (
-    HostSpecError, check_np, parse_hostfile, parse_hostfile_text, parse_hosts_string, rank_layout,
+    HostSpecError, check_np, parse_discovery_output, parse_hostfile, parse_hostfile_text, parse_hosts_string, rank_layout,
     to_hostfile, to_hosts_string,
 )
 
@@ -77,3 +77,19 @@ def test_np_larger_than_slots_names_each_host():
 def test_unreadable_hostfile(tmp_path):
     with pytest.raises(HostSpecError, match="cannot read hostfile"):
         parse_hostfile(str(tmp_path / "missing"))
+
+
+def test_discovery_output_is_host_colon_slots_lines():
+    spec = parse_discovery_output("server1:4\n\nserver2:2\n", "d.sh")
+    assert [(h.name, h.slots) for h in spec.hosts] == [("server1", 4), ("server2", 2)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "printed no hosts"),
+    ("server1 slots=4\n", "output line 1 .* slots are missing: print host:slots"),
+    ("server1:4\nserver1:2\n", "listed twice"),
+    ("server1:x\n", "must be a whole number"),
+])
+def test_bad_discovery_output(text, message):
+    with pytest.raises(HostSpecError, match=message):
+        parse_discovery_output(text, "d.sh")

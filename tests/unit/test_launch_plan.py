@@ -64,3 +64,44 @@ def test_failure_line_names_rank_host_and_cause(output, line):
     from hvdkit.core.launch import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
+
+
+def elastic(**kw):
+    base = dict(np=2, hosts=parse_hosts_string("localhost:2"), discovery_script="discover.sh", min_np=1, max_np=4)
+    base.update(kw)
+    return cfg(**base)
+
+
+def test_elastic_plan_names_the_loopback_when_every_host_is_local():
+    plan = plan_launch(elastic(), BOTH)
+    assert plan.argv == ("horovodrun", "-np", "2", "--min-np", "1", "--max-np", "4", "--host-discovery-script",
+                         "discover.sh", "--gloo", "--network-interface", "lo", "python", "train.py")
+    assert plan.controller == "gloo" and "every host is this machine" in plan.reason
+
+
+def test_elastic_plan_leaves_the_interface_to_horovodrun_on_several_hosts_or_when_given():
+    plan = plan_launch(elastic(hosts=parse_hosts_string("a:2,b:2")), BOTH)
+    assert "--network-interface" not in plan.argv
+    plan = plan_launch(elastic(network_interface="eth0"), BOTH)
+    assert plan.argv[plan.argv.index("--network-interface") + 1] == "eth0"
+
+
+def test_elastic_plan_with_a_fixed_host_list_and_default_min_np():
+    plan = plan_launch(cfg(max_np=4), BOTH)
+    assert plan.argv == ("horovodrun", "-np", "4", "--min-np", "4", "--max-np", "4", "-H", "hosta:2,hostb:2",
+                         "--gloo", "python", "train.py")
+
+
+@pytest.mark.parametrize("kw, build, message", [
+    (dict(min_np=3), BOTH, "--min-np 3 must be between 1 and -np 2"),
+    (dict(max_np=1), BOTH, "--max-np 1 is below -np 2"),
+    (dict(controller="mpi"), BOTH, "drop --mpi"),
+    (dict(), BuildFlags(mpi=True, gloo=False), "needs Horovod built with Gloo"),
+    (dict(discovery_script=None), BOTH, "fixed -H list needs 2 or more hosts"),
+    (dict(discovery_script=None, hosts=None), BOTH, "pass --host-discovery-script"),
+    (dict(hosts=parse_hosts_string("gpu1:8")), BOTH, "needs --network-interface"),
+    (dict(discovery_script=None, hosts=parse_hosts_string("a:1,b:1"), np=3, max_np=None), BOTH, "np=3 but -H has 2"),
+])
+def test_bad_elastic_configs(kw, build, message):
+    with pytest.raises((UserError, HostSpecError), match=message):
+        plan_launch(elastic(**kw), build)
