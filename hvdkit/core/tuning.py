@@ -1,8 +1,9 @@
 """The Horovod (and Open MPI) settings hvdkit's ``init()`` sets when the user has not, and why.
 
 Each choice comes from ``hvdkit bench`` runs recorded in docs/BENCHMARKS.md.
-Anything already in the environment (``HOROVOD_CYCLE_TIME=...``, or
-horovodrun's ``--cycle-time-ms``, which sets the same variable) wins.
+Anything already in the environment (``OMPI_MCA_mpi_yield_when_idle=0``,
+say) wins; Horovod's own knobs (``HOROVOD_CYCLE_TIME``, horovodrun's
+``--cycle-time-ms``) keep Horovod's defaults unless you set them.
 
 Example::
 
@@ -13,16 +14,19 @@ from __future__ import annotations
 
 import os
 
-# Cycle time. Horovod's background thread wakes every cycle (1 ms by default
-# in 0.28) to agree with the other ranks on which tensors are ready. A short
-# cycle lowers the latency of one allreduce, but on CPU the thread competes
-# with the training threads for the same cores. Measured with hvdkit bench
-# train (mnist model, 2 processes on 2 cores, MPI, three runs each, median
-# step): 0.1 ms 38.8 and 50.4 ms (two runs; forward+backward up to 60% slower), 1 ms
-# 34.4-38.1 ms, 2 ms 26.7-32.5 ms, 5 ms 31.3-37.0 ms. So on CPU hvdkit uses
-# 2 ms. On GPUs the training threads do not share cores with it; Horovod's
-# default stays (no GPU measurement was made here to justify another value).
-CPU_CYCLE_TIME_MS = "2"
+# Cycle time: Horovod's default (1 ms) everywhere. Its background thread
+# wakes every cycle to agree with the other ranks on which tensors are ready.
+# hvdkit used to set 2 ms on CPU: before the MPI yield below, a shorter cycle
+# meant more spinning on the cores backward needs (mnist step, 2 processes,
+# MPI: 0.1 ms 38.8 and 50.4 ms, 1 ms 34.4-38.1, 2 ms 26.7-32.5, 5 ms
+# 31.3-37.0). With the yield on, the step no longer depends on the cycle
+# (2 processes, MPI, medians of 3-8 runs: mnist 21.8 / 24.0 / 25.1 / 24.8 ms
+# and ResNet-50 782 / 823 / 816 / 747 ms at 0.1 / 1 / 2 / 5 ms; the spread
+# of single runs is larger than these gaps), while the allreduce does: bus
+# bandwidth at 16 MiB as a share of mpi4py's in the same launch was 86% /
+# 67% / 59% / 41% (64 MiB: 80-88%, flat). So the 2 ms override went. 0.1 ms
+# was best here, but on 2 ranks of one small machine in 3 runs; hvdkit does
+# not bet every CPU job on it (HOROVOD_CYCLE_TIME=0.1 sets it for a job).
 
 # MPI's idle policy. Open MPI spins while it waits for a peer (in the
 # negotiation every cycle and inside each allreduce), and yields the core only
@@ -46,7 +50,7 @@ CPU_CYCLE_TIME_MS = "2"
 
 def horovod_defaults(on_gpu: bool) -> dict[str, str]:
     """The HOROVOD_* variables hvdkit would set, before looking at the environment."""
-    return {} if on_gpu else {"HOROVOD_CYCLE_TIME": CPU_CYCLE_TIME_MS, "OMPI_MCA_mpi_yield_when_idle": "1"}
+    return {} if on_gpu else {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def apply_horovod_defaults(on_gpu: bool, environ=os.environ) -> dict[str, str]:

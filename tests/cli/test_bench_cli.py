@@ -19,7 +19,7 @@ def hvdkit(*args, timeout=600):
 def bench_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # sizes 1000x apart: on a busy 2-core CI machine 64K and 4M both took about one
-    # cycle time (2 ms) once, so the calibration below saw no growth with size
+    # cycle time (then 2 ms) once, so the calibration below saw no growth with size
     proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,8M,64M", "--repeats", "3", "--rounds", "1",
                   "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -80,5 +80,6 @@ def test_tuning_defaults_never_override_the_user():
     assert apply_horovod_defaults(False, env) == {} and env["HOROVOD_CYCLE_TIME"] == "5"
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
     env = {}
-    assert apply_horovod_defaults(False, env) == {"HOROVOD_CYCLE_TIME": "2", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    # the cycle time stays Horovod's (1 ms): see the sweep in hvdkit/core/tuning.py
+    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1"} == env
     assert apply_horovod_defaults(True, {}) == {}
