@@ -39,10 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="number of processes (elastic: to start with)")
     add_host_arguments(parser, discovery=True)
     elastic = parser.add_argument_group(
-        "elastic", "--host-discovery-script, --min-np or --max-np makes the job elastic (on Gloo)")
+        "elastic", "--host-discovery-script or any of these makes the job elastic (on Gloo)")
     elastic.add_argument("--min-np", type=positive_int, help="keep training while at least this many remain "
                                                                "(default: -np)")
     elastic.add_argument("--max-np", type=positive_int, help="grow to at most this many")
+    elastic.add_argument("--elastic-timeout", type=positive_int, metavar="SECONDS",
+                         help="how long to wait for enough slots (horovodrun's default: 600)")
+    elastic.add_argument("--reset-limit", type=positive_int, metavar="N",
+                         help="end the job after N resizes (default: no limit)")
     add_ssh_arguments(parser)
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
@@ -110,15 +114,16 @@ def command(args: argparse.Namespace) -> int:
                        ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface,
                        horovodrun=launcher if os.path.exists(launcher) else "horovodrun",
-                       min_np=args.min_np, max_np=args.max_np, discovery_script=script)
+                       min_np=args.min_np, max_np=args.max_np, discovery_script=script,
+                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit)
     plan = plan_launch(cfg, BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"]))
     if not args.no_check and not args.dry_run:
         quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
     if script and hosts.total_slots < args.np:
+        wait = f"{args.elastic_timeout} s" if args.elastic_timeout else "--elastic-timeout (600 s by default)"
         print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {args.np}; "
-              "horovodrun waits for more, for up to HOROVOD_ELASTIC_TIMEOUT (600 s by default)",
-              file=sys.stderr, flush=True)
+              f"horovodrun waits for more, for up to {wait}", file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
     return supervise(plan.argv, rank_layout(hosts, min(cfg.np, hosts.total_slots)))

@@ -46,10 +46,13 @@ class LaunchConfig:
     min_np: int | None = None
     max_np: int | None = None
     discovery_script: str | None = None
+    elastic_timeout: int | None = None     # seconds to wait for enough slots (horovodrun: 600)
+    reset_limit: int | None = None         # resizes allowed before the job ends (horovodrun: no limit)
 
     @property
     def elastic(self) -> bool:
-        return self.min_np is not None or self.max_np is not None or self.discovery_script is not None
+        return any(v is not None for v in (self.min_np, self.max_np, self.discovery_script,
+                                            self.elastic_timeout, self.reset_limit))
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,10 @@ def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str,
     argv = [cfg.horovodrun, "-np", str(cfg.np), "--min-np", str(min_np)]
     if cfg.max_np is not None:
         argv += ["--max-np", str(cfg.max_np)]
+    if cfg.elastic_timeout is not None:
+        argv += ["--elastic-timeout", str(cfg.elastic_timeout)]
+    if cfg.reset_limit is not None:
+        argv += ["--reset-limit", str(cfg.reset_limit)]
     if cfg.discovery_script is not None:
         argv += ["--host-discovery-script", cfg.discovery_script]
     elif cfg.hosts is None:

@@ -86,6 +86,13 @@ def test_elastic_plan_leaves_the_interface_to_horovodrun_on_several_hosts_or_whe
     assert plan.argv[plan.argv.index("--network-interface") + 1] == "eth0"
 
 
+def test_elastic_timeout_and_reset_limit_pass_through():
+    plan = plan_launch(elastic(elastic_timeout=60, reset_limit=3), BOTH)
+    assert plan.shell().startswith("horovodrun -np 2 --min-np 1 --max-np 4 --elastic-timeout 60 --reset-limit 3 ")
+    plan = plan_launch(cfg(elastic_timeout=60), BOTH)  # alone it makes the job elastic: --min-np, which horovodrun keys on
+    assert "--min-np" in plan.argv and "--gloo" in plan.argv
+
+
 def test_elastic_plan_with_a_fixed_host_list_and_default_min_np():
     plan = plan_launch(cfg(max_np=4), BOTH)
     assert plan.argv == ("horovodrun", "-np", "4", "--min-np", "4", "--max-np", "4", "-H", "hosta:2,hostb:2",
