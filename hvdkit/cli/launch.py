@@ -22,7 +22,7 @@ import hvdkit
 from hvdkit.cli.doctor import add_ssh_arguments
 from hvdkit.cli.hosts import add_host_arguments, spec_from_args
 from hvdkit.core.argtypes import positive_int
-from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, run_bounded, ssh_argv, ssh_fix_hint
+from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import LOCAL_NAMES, HostSpec, parse_discovery_output, rank_layout
@@ -70,7 +70,7 @@ def quick_check(hosts: list[str], port: int | None, identity: str | None, python
         results = list(pool.map(lambda h: run_bounded(ssh_argv(h, probe, port, identity), SSH_CONNECT_TIMEOUT_S + 10),
                                 remote))
     for host, (rc, out, err) in zip(remote, results):
-        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        last = last_line(err, rc)
         if rc in (124, 255) or (rc == 127 and last.startswith("[Errno")):   # ssh itself failed (or is missing)
             raise UserError(f"ssh to {host} failed ({last}): {ssh_fix_hint(host, err, port)}; "
                             "'hvdkit doctor' checks everything")
@@ -95,7 +95,7 @@ def discover_hosts(script: str) -> HostSpec:
         raise UserError(f"discovery script {script!r} is not executable: chmod +x {shlex.quote(script)}")
     rc, out, err = run_bounded([os.path.abspath(script)], DISCOVERY_TIMEOUT_S)
     if rc != 0:
-        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        last = last_line(err, rc)
         raise UserError(f"discovery script {script} failed ({last}): run it by hand and fix it; "
                         "it must print host:slots lines and exit 0")
     return parse_discovery_output(out, script)

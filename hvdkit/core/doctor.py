@@ -89,6 +89,11 @@ def run_bounded(argv: list[str], timeout: float) -> tuple[int, str, str]:
         return 127, "", str(exc)
 
 
+def last_line(err: str, rc: int) -> str:
+    """The last line a failed command wrote to stderr (usually its reason), or its exit status."""
+    return (err.strip().splitlines() or [f"exit {rc}"])[-1]
+
+
 def ssh_fix_hint(host: str, err: str, port: int | None) -> str:
     p = port or 22
     if "Connection refused" in err:
@@ -112,7 +117,7 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
     else:
         rc, _, err = run_bounded(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file), SSH_CONNECT_TIMEOUT_S + 10)
         if rc != 0:
-            last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+            last = last_line(err, rc)
             checks.append(Check(host, "ssh", False, last, ssh_fix_hint(host, err, cfg.ssh_port)))
             return checks, None
         checks.append(Check(host, "ssh", True, f"port {cfg.ssh_port or 22}, key-only"))
@@ -121,7 +126,7 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
     try:
         report = EnvReport.from_dict(json.loads(out))
     except (json.JSONDecodeError, TypeError):
-        last = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+        last = last_line(err, rc)
         checks.append(Check(host, "hvdkit", False, f"'{remote}' failed: {last}",
                             f"install hvdkit at {cfg.python} on {host} (the same path as here; use the same image)"))
         return checks, None

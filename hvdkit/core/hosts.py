@@ -109,11 +109,16 @@ def parse_hosts_string(text: str) -> HostSpec:
         where = f"-H item {i} ({item!r})"
         if not item:
             raise HostSpecError(f"-H item {i} is empty: remove the extra comma in {text!r}")
-        name, sep, slots = item.partition(":")
-        if not sep:
-            raise HostSpecError(f"{where}: slots are missing: write {name}:N with N the processes for that host")
-        builder.add(name, _slots(slots, where, name), where)
+        _add_host_colon_slots(builder, item, where, f"write {item}:N with N the processes for that host")
     return builder.build()
+
+
+def _add_host_colon_slots(builder: _Builder, item: str, where: str, fix: str) -> None:
+    """One ``host:slots`` item (of -H, or a discovery script's output line); ``fix`` says what to write instead."""
+    name, sep, slots = item.partition(":")
+    if not sep:
+        raise HostSpecError(f"{where}: slots are missing: {fix}")
+    builder.add(name, _slots(slots, where, name), where)
 
 
 def parse_discovery_output(text: str, script: str) -> HostSpec:
@@ -124,10 +129,7 @@ def parse_discovery_output(text: str, script: str) -> HostSpec:
         if not line:
             continue
         where = f"discovery script {script}, output line {number} ({line!r})"
-        name, sep, slots = line.partition(":")
-        if not sep:
-            raise HostSpecError(f"{where}: slots are missing: print host:slots, one host a line")
-        builder.add(name, _slots(slots, where, name), where)
+        _add_host_colon_slots(builder, line, where, "print host:slots, one host a line")
     if not builder.hosts:
         raise HostSpecError(f"discovery script {script} printed no hosts: make it print host:slots lines "
                             "(examples/discover_hosts.sh prints those of $HVDKIT_ELASTIC_HOSTS)")

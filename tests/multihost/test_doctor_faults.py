@@ -32,19 +32,27 @@ def test_doctor_names_a_host_with_another_hvdkit_version(make_cluster, tmp_path)
     assert "scripts/install.sh" in fix
 
 
+@pytest.mark.parametrize("hosts_from", ["-H", "discovery script"])
 @pytest.mark.parametrize("change, needles", [
     (lambda text: text.replace('__version__ = "', '__version__ = "0.0.0+other-'),
      ["hostb has hvdkit 0.0.0+other-", "run scripts/install.sh on hostb"]),
     (lambda text: text + '\nraise ImportError("half-installed")\n',
      ["hvdkit is not importable at", "on hostb (ImportError: half-installed)", "install it there"]),
 ])
-def test_launch_refuses_a_host_without_this_hvdkit_and_starts_nothing(make_cluster, tmp_path, change, needles):
+def test_launch_refuses_a_host_without_this_hvdkit_and_starts_nothing(make_cluster, tmp_path, change, needles,
+                                                                     hosts_from):
     init = ROOT / "hvdkit" / "__init__.py"
     other = tmp_path / "__init__.py"
     other.write_text(change(init.read_text()))
     cluster = make_cluster({"hostb": HostOptions(overlay={str(init): str(other)})})
     marker = tmp_path / "started"
-    argv = [str(BIN / "hvdkit"), "launch", "-np", "4", "-H", HOSTS, "-p", str(PORT), "--",
+    hosts = ["-H", HOSTS]
+    if hosts_from == "discovery script":     # an elastic job: the hosts the script prints get the same check
+        script = tmp_path / "discover.sh"
+        script.write_text("#!/bin/sh\n" + "".join(f"echo {item}\n" for item in HOSTS.split(",")))
+        script.chmod(0o755)
+        hosts = ["--host-discovery-script", str(script)]
+    argv = [str(BIN / "hvdkit"), "launch", "-np", "4", *hosts, "-p", str(PORT), "--",
             sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
     start = time.time()
     proc = cluster.run_on("hosta", argv, timeout=60, env=job_env())

@@ -57,16 +57,25 @@ def test_malformed_hostfiles(text, message):
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a:2,,b:2", "-H item 2 is empty"),
-    ("a", "slots are missing: write a:N"),
-    ("a:2,a:1", "listed twice"),
-    ("a:-1", "has -1 slots"),
-    ("a:x", "must be a whole number"),
+def discovery(text):
+    return parse_discovery_output(text, "d.sh")
+
+
+@pytest.mark.parametrize("parse, text, message", [
+    (parse_hosts_string, "a:2,,b:2", "-H item 2 is empty"),
+    (parse_hosts_string, "a", "slots are missing: write a:N"),
+    (parse_hosts_string, "a:2,a:1", "listed twice"),
+    (parse_hosts_string, "a:-1", "has -1 slots"),
+    (parse_hosts_string, "a:x", "must be a whole number"),
+    # an elastic job's discovery script prints the same host:slots items, one a line
+    (discovery, "", "d.sh printed no hosts"),
+    (discovery, "server1 slots=4\n", "output line 1 .* slots are missing: print host:slots"),
+    (discovery, "server1:4\nserver1:2\n", "listed twice"),
+    (discovery, "server1:x\n", "must be a whole number"),
 ])
-def test_malformed_hosts_strings(text, message):
+def test_malformed_host_colon_slots_lists(parse, text, message):
     with pytest.raises(HostSpecError, match=message):
-        parse_hosts_string(text)
+        parse(text)
 
 
 def test_np_larger_than_slots_names_each_host():
@@ -80,16 +89,5 @@ def test_unreadable_hostfile(tmp_path):
 
 
 def test_discovery_output_is_host_colon_slots_lines():
-    spec = parse_discovery_output("server1:4\n\nserver2:2\n", "d.sh")
+    spec = discovery("server1:4\n\nserver2:2\n")
     assert [(h.name, h.slots) for h in spec.hosts] == [("server1", 4), ("server2", 2)]
-
-
-@pytest.mark.parametrize("text, message", [
-    ("", "printed no hosts"),
-    ("server1 slots=4\n", "output line 1 .* slots are missing: print host:slots"),
-    ("server1:4\nserver1:2\n", "listed twice"),
-    ("server1:x\n", "must be a whole number"),
-])
-def test_bad_discovery_output(text, message):
-    with pytest.raises(HostSpecError, match=message):
-        parse_discovery_output(text, "d.sh")
