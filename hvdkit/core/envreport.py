@@ -50,6 +50,7 @@ class HorovodBuild:
     tensor_operations: dict[str, bool]
     nccl_version: str | None = None
     cuda_built: bool = False
+    torch_cxx_standard: str | None = None
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -148,6 +149,7 @@ def parse_probe(payload: dict) -> tuple[HorovodBuild | None, str | None]:
         tensor_operations=payload["tensor_operations"],
         nccl_version=payload.get("nccl_version"),
         cuda_built=payload.get("cuda_built", False),
+        torch_cxx_standard=payload.get("torch_cxx_standard"),
         errors=payload.get("errors") or {},
     ), None
 
@@ -227,7 +229,10 @@ def render_text(report: EnvReport) -> str:
             f"  controllers        {_marks(hb.controllers)}",
             f"  tensor operations  {_marks(hb.tensor_operations)}",
             f"  NCCL               {hb.nccl_version or 'not built'}",
+            f"  CUDA               {'built' if hb.cuda_built else 'not built'}",
         ]
+        if hb.frameworks.get("torch"):
+            lines.append(f"  torch module       {hb.torch_cxx_standard or 'C++ standard unknown (unpatched build)'}")
         for name, err in hb.errors.items():
             lines.append(f"  warning: {name} extension failed to load: {err}")
     return "\n".join(lines)

@@ -59,7 +59,31 @@ def probe() -> dict:
             break
         except Exception as exc:  # report, don't crash: this is a diagnostic tool
             result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+    if frameworks["torch"]:
+        try:
+            result["torch_cxx_standard"] = _torch_cxx_standard()
+        except Exception as exc:  # report, don't crash: this is a diagnostic tool
+            result.setdefault("errors", {})["torch"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+# __cplusplus values -> the standard's name.
+CXX_STANDARDS = {201402: "C++14", 201703: "C++17", 202002: "C++20", 202302: "C++23"}
+
+
+def _torch_cxx_standard() -> str | None:
+    """The C++ standard Horovod's torch module was compiled with, as the module itself reports it.
+
+    hvdkit's patch exports ``horovod_torch_cplusplus()`` (the compiler's
+    ``__cplusplus``); a Horovod built without the patch has no such function.
+    """
+    from horovod.torch import mpi_lib_v2
+
+    fn = getattr(mpi_lib_v2, "horovod_torch_cplusplus", None)
+    if fn is None:
+        return None
+    value = int(fn())
+    return CXX_STANDARDS.get(value, f"__cplusplus={value}")
 
 
 def _nccl_version_string(code: int) -> str:

@@ -22,8 +22,19 @@ from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps
 from hvdkit.keras import elastic
 from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
 
+
+def __getattr__(name: str):
+    # SyncBatchNormalization subclasses the Keras that the backend selects, so it
+    # is made on first use rather than at import (which must not import Keras).
+    if name == "SyncBatchNormalization":
+        from hvdkit.keras.sync_batch_norm import layer_class
+
+        return layer_class(resolve_backend())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "broadcast_state",
     "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
-    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch",
+    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch", "SyncBatchNormalization",
 ]

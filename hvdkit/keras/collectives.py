@@ -39,6 +39,10 @@ class Collectives(ABC):
             out[i] = r
         return out
 
+    def allreduce_sum(self, tensor):
+        """Differentiable sum over ranks: Horovod's gradient of an allreduce is the allreduce of the gradient."""
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
     def broadcast_variables(self, variables: list, root_rank: int) -> None:
         for i, v in enumerate(variables):
             v.assign(self.hvd.broadcast(self._value(v), root_rank, name=f"hvdkit.bcast.{i}"))
