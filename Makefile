@@ -10,7 +10,9 @@ PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost env bench clean
+GPU_VENV ?= .venv-gpu
+
+.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost test-gpu-build env bench clean
 
 install: $(STAMP)
 
@@ -18,13 +20,13 @@ $(STAMP): scripts/install.sh scripts/patches/*.patch pyproject.toml
 	HVDKIT_VENV=$(VENV) bash scripts/install.sh --cpu
 
 install-gpu:
-	HVDKIT_VENV=$(VENV) bash scripts/install.sh --gpu
+	HVDKIT_VENV=$(GPU_VENV) bash scripts/install.sh --gpu
 
 demo: $(STAMP)
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(BIN)/python examples/pytorch_mnist.py $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu_build" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
@@ -38,6 +40,11 @@ test-multihost: $(STAMP)
 test-multiproc: $(STAMP)
 	$(BIN)/python -m pytest -m multiproc $(PYTEST_ARGS)
 
+# The GPU flavour without a GPU: build Horovod with NCCL into $(GPU_VENV), then check it.
+test-gpu-build: $(STAMP)
+	HVDKIT_VENV=$(GPU_VENV) bash scripts/install.sh --gpu
+	HVDKIT_GPU_VENV=$(GPU_VENV) $(BIN)/python -m pytest -m gpu_build $(PYTEST_ARGS)
+
 env: $(STAMP)
 	$(BIN)/hvdkit env
 
@@ -47,4 +54,4 @@ bench: $(STAMP)
 	$(BIN)/hvdkit bench train -np 1,$(NP) --repeats 3 --steps 20 --out docs/bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) .pytest_cache build *.egg-info

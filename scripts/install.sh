@@ -32,6 +32,9 @@ HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f
 # standard from the torch it finds); 2.13 still builds, with C++17. Build
 # against another torch with HVDKIT_TORCH_VERSION=2.13.0 (or any 2.x on the index).
 TORCH_VERSION=2.14.1
+# PyPI's Linux torch 2.14.1 is a CUDA 13.0 build (it requires cuda-toolkit==13.0.3 and
+# nvidia-nccl-cu13); the GPU flavour, Dockerfile.gpu's CUDA base and the NCCL wheel follow it.
+TORCH_CUDA_MAJOR=13
 TENSORFLOW_VERSION=2.21.0
 KERAS_VERSION=3.15.1
 TF_KERAS_VERSION=2.21.0
@@ -215,11 +218,19 @@ want_test_host_tools() {
   fi
 }
 
+# GPU: a CUDA_HOME given must hold nvcc (without one, nvcc comes from NVIDIA's wheels later).
+check_cuda_home() {
+  [ "$MODE" = gpu ] && [ -n "${CUDA_HOME:-}" ] || return 0
+  [ -x "$CUDA_HOME/bin/nvcc" ] \
+    || die "CUDA_HOME=$CUDA_HOME has no bin/nvcc: point it at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
+}
+
 step "checking prerequisites ($MODE mode)"
 check_python
 check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
+check_cuda_home
 if [ "$MODE" = cpu ]; then want_test_host_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
@@ -267,6 +278,8 @@ gpu_toolchain() {
   torch_cuda=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)
   [ -n "$torch_cuda" ] || die "torch $TORCH_VERSION in $VENV is a CPU build: GPU mode needs PyPI's Linux torch (a CUDA build); remove $VENV and rerun"
   cuda_major=${torch_cuda%%.*}
+  [ "$cuda_major" = "$TORCH_CUDA_MAJOR" ] || [ -n "${HVDKIT_TORCH_VERSION:-}" ] \
+    || die "torch $TORCH_VERSION is built for CUDA $torch_cuda but the pins say CUDA $TORCH_CUDA_MAJOR: set TORCH_CUDA_MAJOR in scripts/install.sh (and Dockerfile.gpu's CUDA_VERSION) to $cuda_major"
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   if [ -n "${CUDA_HOME:-}" ]; then
     CUDA_ROOT=$CUDA_HOME

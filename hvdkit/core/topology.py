@@ -48,3 +48,26 @@ def cpu_threads_per_rank(local_size: int) -> int | None:
 def share_of_cores(local_size: int) -> int:
     """This host's cores divided among its ``local_size`` processes (at least 1)."""
     return max(1, (os.cpu_count() or 1) // max(local_size, 1))
+
+
+class NoGPUError(RuntimeError):
+    """This host runs more processes than it has visible GPUs."""
+
+
+def gpu_for_local_rank(local_rank: int, local_size: int, visible: int, cuda_visible_devices: str | None) -> int:
+    """The GPU index (among the visible ones) that local rank ``local_rank`` pins: its own number.
+
+    Both adapters call this with the framework's visible-device count, which
+    CUDA_VISIBLE_DEVICES has already filtered.
+
+    Example::
+
+        gpu_for_local_rank(1, 4, visible=4, cuda_visible_devices=None)   # 1
+    """
+    if local_rank >= visible:
+        raise NoGPUError(
+            f"local rank {local_rank} has no GPU: this host runs {local_size} processes but {visible} GPU(s) are "
+            f"visible (CUDA_VISIBLE_DEVICES={cuda_visible_devices if cuda_visible_devices is not None else 'unset'}); "
+            f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
+        )
+    return local_rank

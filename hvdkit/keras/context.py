@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from hvdkit.core.tuning import apply_horovod_defaults
-from hvdkit.core.topology import Topology, cpu_threads_per_rank
+from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
 from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import for_mode
 
@@ -64,21 +64,12 @@ def _has_gpu(mode: str) -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def _no_gpu_error(local_rank: int, local_size: int, visible: int) -> RuntimeError:
-    return RuntimeError(
-        f"local rank {local_rank} has no GPU: this host runs {local_size} processes but {visible} GPU(s) are "
-        f"visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-        f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
-    )
-
-
 def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> str:
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        if local_rank >= len(gpus):
-            raise _no_gpu_error(local_rank, local_size, len(gpus))
+        gpu_for_local_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
         tf.config.experimental.set_memory_growth(gpus[local_rank], True)
         tf.config.set_visible_devices(gpus[local_rank], "GPU")
         return f"GPU:{local_rank}"
@@ -95,8 +86,7 @@ def _pin_torch(local_rank: int, local_size: int, threads: int | None) -> str:
     import torch
 
     if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise _no_gpu_error(local_rank, local_size, torch.cuda.device_count())
+        gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"
     if threads is not None:

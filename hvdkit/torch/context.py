@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hvdkit.core.tuning import apply_horovod_defaults
-from hvdkit.core.topology import Topology, cpu_threads_per_rank
+from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
 from hvdkit.torch._horovod import hvd
 
 
@@ -46,13 +46,8 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if torch.cuda.is_available():
-        visible = torch.cuda.device_count()  # already filtered by CUDA_VISIBLE_DEVICES
-        if local_rank >= visible:
-            raise RuntimeError(
-                f"local rank {local_rank} has no GPU: this host runs {local_size} processes but "
-                f"{visible} GPU(s) are visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-                f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
-            )
+        # device_count() is already filtered by CUDA_VISIBLE_DEVICES.
+        gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -63,8 +63,7 @@ def test_compose_file_matches_the_compose_specification():
 def test_image_versions_are_the_install_scripts():
     p = pins()
     labels = dict(re.findall(r'io\.hvdkit\.(\w+)="([^"]+)"', DOCKERFILE.read_text()))
-    assert labels == {"horovod": p["HOROVOD_VERSION"], "torch": p["TORCH_VERSION"],
-                      "tensorflow": p["TENSORFLOW_VERSION"], "keras": p["KERAS_VERSION"]}
+    assert labels == {"horovod": p["HOROVOD_VERSION"], "torch": p["TORCH_VERSION"], "keras": p["KERAS_VERSION"]}
     runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
     assert "bash scripts/install.sh --gpu" in runs, "the image must build Horovod with the install script"
     # No framework is installed beside the script (a second source of versions).
@@ -74,10 +73,26 @@ def test_image_versions_are_the_install_scripts():
     assert re.search(r"ARG CUDA_VERSION=\d+\.\d+\.\d+", DOCKERFILE.read_text()), "the base image tag is pinned"
 
 
-def test_build_fails_without_nccl_torch_or_tensorflow():
+def test_build_fails_without_nccl_cuda_or_torch():
     runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
     assert "horovodrun --check-build" in runs and "hvdkit env --json" in runs
-    assert "['nccl']" in runs and "['torch']" in runs and "['tensorflow']" in runs
+    assert "['nccl']" in runs and "['torch']" in runs and "['cuda_built']" in runs
+
+
+def test_one_cuda_and_one_nccl_torchs():
+    """The image's CUDA major is torch's (a pin in install.sh), and NCCL comes only from torch's wheel."""
+    p = pins()
+    text = DOCKERFILE.read_text()
+    cuda = re.search(r"ARG CUDA_VERSION=(\d+)\.", text).group(1)
+    assert cuda == p["TORCH_CUDA_MAJOR"], (f"Dockerfile.gpu's CUDA base is {cuda}.x but torch {p['TORCH_VERSION']} "
+                                           f"is CUDA {p['TORCH_CUDA_MAJOR']}: one process would load two CUDAs")
+    froms = [rest for word, rest in instructions() if word == "FROM"]
+    assert all(f.startswith("nvidia/cuda:${CUDA_VERSION}-") for f in froms), froms
+    apt = " ".join(rest for word, rest in instructions() if word == "RUN")
+    assert not re.search(r"libnccl|cuda-toolkit|nvidia-cuda", apt), "a second NCCL/CUDA from apt"
+    assert "NCCL_HOME" not in text and "CUDA_HOME" not in text, "the build must use torch's NCCL and CUDA wheels"
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert 'NCCL_ROOT="$site/nvidia/nccl"' in script and "HOROVOD_NCCL_HOME=$NCCL_ROOT" in script
 
 
 def test_no_secret_or_private_key_in_the_image():

@@ -72,8 +72,19 @@ def test_compiler_without_cxx17_is_rejected(tmp_path):
     c_only = tmp_path / "c-only"
     c_only.write_text(f'#!/bin/sh\nexec {shutil.which("gcc")} -x c "$@"\n')
     c_only.chmod(0o755)
-    proc = run_script("--check-only", env={"CXX": str(c_only)})
-    assert_one_line_error(proc, "cannot compile C++17")
+    proc = run_script("--check-only", env={"CXX": str(c_only), "HVDKIT_TORCH_VERSION": "2.13.0"})
+    assert_one_line_error(proc, "torch 2.13.0 headers need C++17", "cannot compile it")
+
+
+def test_compiler_without_cxx20_is_rejected_for_torch_2_14(tmp_path):
+    # A real g++ that refuses -std=c++20, as GCC 9 and older do.
+    gxx17 = tmp_path / "g++9"
+    gxx17.write_text('#!/bin/sh\ncase "$*" in *c++20*) echo "unrecognized -std=c++20" >&2; exit 1;; esac\n'
+                     f'exec {shutil.which("g++")} "$@"\n')
+    gxx17.chmod(0o755)
+    proc = run_script("--check-only", env={"CXX": str(gxx17)})
+    assert_one_line_error(proc, f"torch {pins()['TORCH_VERSION']} headers need C++20", "g++ >= 10")
+    assert run_script("--check-only", env={"CXX": str(gxx17), "HVDKIT_TORCH_VERSION": "2.13.0"}).returncode == 0
 
 
 def test_missing_python_is_one_line(tmp_path):
@@ -110,7 +121,7 @@ def test_missing_mpi_is_one_line_and_creates_nothing(tmp_path):
 
 def test_gpu_mode_without_cuda_is_one_line(tmp_path):
     proc = run_script("--check-only", "--gpu", env={"CUDA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert_one_line_error(proc, "CUDA toolkit")
+    assert_one_line_error(proc, "has no bin/nvcc", "CUDA_HOME")
 
 
 def test_unknown_option():

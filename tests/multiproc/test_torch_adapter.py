@@ -149,3 +149,7 @@ def test_demo_reaches_95_percent_on_digits(tmp_path):
     print(f"demo: {result['test_accuracy']:.2%} test accuracy, {elapsed:.1f}s wall on 2 processes")
     assert result["size"] == 2 and result["test_count"] == 359
     assert result["test_accuracy"] >= 0.95
+    # A PyTorch job imports no TensorFlow, in the ranks or in horovodrun's build-flag
+    # probe (the patch asks torch first): no TF/absl start-up lines in the output.
+    for noise in ("cuda drivers", "absl::InitializeLog", "TensorFlow binary is optimized"):
+        assert noise not in proc.stdout, f"TensorFlow was imported by a PyTorch job: {noise!r} in the output"
