@@ -61,8 +61,9 @@ CMAKE_VERSION=3.31.10
 # Debian packages installed when missing: MPI (OpenMPI 4.1.4 on Debian 12) and patch.
 OPENMPI_APT_PACKAGES="openmpi-bin libopenmpi-dev"
 PATCH_APT_PACKAGES="patch"
-# For the multi-host tests (test hosts in network namespaces with sshd); optional elsewhere.
-TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2"
+# For the multi-host tests (test hosts in network namespaces with sshd, and a Slurm
+# cluster over them: Debian 12's slurm-wlm is Slurm 22.05 with PMIx); optional elsewhere.
+TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2 slurm-wlm"
 # GPU flavour: the compute capabilities Horovod's CUDA kernels are built for:
 # sm_80 (A100), sm_90 (H100/H200), sm_100 (B200), plus PTX for the newest.
 # Override with HOROVOD_BUILD_CUDA_CC_LIST=90 (one arch builds a little faster).
@@ -205,8 +206,9 @@ check_mpi() { need_debian OpenMPI "$OPENMPI_APT_PACKAGES" mpicxx mpirun; }
 
 # The multi-host tests' tools: installed when we may use apt, otherwise only noted.
 want_test_host_tools() {
-  if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then
-    command -v ip >/dev/null 2>&1 && return 0
+  if { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } && command -v ip >/dev/null 2>&1 \
+     && command -v slurmctld >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1; then
+    return 0
   fi
   if [ "$CHECK_ONLY" = 0 ] && can_apt; then
     step "installing the multi-host test tools ($TEST_HOSTS_APT_PACKAGES)"

@@ -51,7 +51,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _target(args: argparse.Namespace) -> BenchTarget:
-    hosts = spec_from_args(args) if (args.hosts or args.hostfile) else parse_hosts_string(f"localhost:{args.np}")
+    hosts = spec_from_args(args) if (args.hosts or args.hostfile or args.slurm) else parse_hosts_string(f"localhost:{args.np}")
     return BenchTarget(np=args.np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface)
 
@@ -64,7 +64,7 @@ def _build() -> BuildFlags:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_host_arguments(parser, required=False)
+    add_host_arguments(parser)
     add_ssh_arguments(parser)
     parser.add_argument("--out", default="bench-results", help="directory for the CSV, JSON and PNG (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per launch (default %(default)g)")

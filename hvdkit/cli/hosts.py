@@ -4,41 +4,65 @@
     hvdkit hosts --hostfile hostfiles/cluster-4x4 --to hosts      # server1:4,server2:4,...
     hvdkit hosts -H a:2,b:2 --to hostfile > myhosts                # bare Horovod hostfile
     hvdkit hosts --hostfile hostfiles/elastic --to discovery       # host:slots lines, for elastic jobs
+    hvdkit hosts --slurm --to hosts                                # inside sbatch/salloc: gpu01:4,gpu02:4
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Mapping
 
+from hvdkit.core import slurm
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import HostSpec, parse_hostfile, parse_hosts_string, rank_layout, to_hostfile, to_hosts_string
 
 
-def add_host_arguments(parser: argparse.ArgumentParser, required: bool = True, discovery: bool = False) -> None:
-    """-H / --hostfile (/ --host-discovery-script), as horovodrun spells them (shared by hosts, doctor, launch)."""
-    group = parser.add_mutually_exclusive_group(required=required)
+def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False) -> None:
+    """-H / --hostfile / --slurm (/ --host-discovery-script), as horovodrun spells them (hosts, doctor, launch).
+
+    None given inside a Slurm allocation means --slurm (see :func:`spec_from_args`).
+    """
+    group = parser.add_mutually_exclusive_group()
     group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
     group.add_argument("--hostfile", help="file with one '<host> slots=<N>' a line")
+    group.add_argument("--slurm", action="store_true",
+                       help="the hosts of this Slurm allocation ($SLURM_JOB_NODELIST, $SLURM_TASKS_PER_NODE); "
+                            "the default inside sbatch/salloc when no hosts are given")
     if discovery:
         group.add_argument("--host-discovery-script", metavar="SCRIPT",
                            help="elastic job: an executable that prints host:slots lines, rerun while the job "
                                 "runs (e.g. examples/discover_hosts.sh)")
 
 
-def spec_from_args(args: argparse.Namespace) -> HostSpec:
+def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> HostSpec:
+    env = os.environ if env is None else env
     if args.hostfile:
         return parse_hostfile(args.hostfile)
     if args.hosts:
         return parse_hosts_string(args.hosts)
-    raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE")
+    if getattr(args, "slurm", False) or slurm.in_allocation(env):
+        return slurm.allocation(env).hosts
+    raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE (or run inside a Slurm allocation)")
+
+
+def default_np(args: argparse.Namespace, spec: HostSpec, env: Mapping[str, str] | None = None) -> int:
+    """-np when given; in a Slurm allocation SLURM_NTASKS; otherwise every slot."""
+    env = os.environ if env is None else env
+    if args.np is not None:
+        return args.np
+    if spec.source == "slurm":
+        return slurm.allocation(env).ntasks
+    return spec.total_slots
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("hosts", help="validate/convert -H strings and hostfiles, show the rank layout",
                             description="Validate and convert host lists; print where each rank runs.")
     add_host_arguments(parser)
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, help="processes (default: all slots)")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int,
+                        help="processes (default: all slots; in Slurm, $SLURM_NTASKS)")
     parser.add_argument("--to", choices=["table", "hosts", "hostfile", "discovery"], default="table",
                         help="output: rank table (default), a -H string, a bare hostfile, or the host:slots "
                              "lines of an elastic job's --host-discovery-script")
@@ -55,7 +79,7 @@ def command(args: argparse.Namespace) -> int:
         # the last good list).
         print("\n".join(f"{h.name}:{h.slots}" for h in spec.hosts))
         return 0
-    np = args.np if args.np is not None else spec.total_slots
+    np = default_np(args, spec)
     layout = rank_layout(spec, np)
     if args.json:
         print(json.dumps({"source": spec.source, "np": np, "total_slots": spec.total_slots,

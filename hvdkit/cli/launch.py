@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import hvdkit
 from hvdkit.cli.doctor import add_ssh_arguments
-from hvdkit.cli.hosts import add_host_arguments, spec_from_args
+from hvdkit.cli.hosts import add_host_arguments, default_np, spec_from_args
 from hvdkit.core.argtypes import positive_int
 from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import LOCAL_NAMES, HostSpec, parse_discovery_output, rank_layout
+from hvdkit.core.hosts import HostSpec, is_this_machine, parse_discovery_output, rank_layout
 from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
 
 DISCOVERY_TIMEOUT_S = 30
@@ -35,8 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
                             description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
                                         "check the hosts answer over ssh with this hvdkit version, print the command, run it.")
-    parser.add_argument("-np", "--num-proc", dest="np", type=positive_int, required=True,
-                        help="number of processes (elastic: to start with)")
+    parser.add_argument("-np", "--num-proc", dest="np", type=positive_int,
+                        help="number of processes (elastic: to start with; in a Slurm allocation "
+                             "default $SLURM_NTASKS)")
     add_host_arguments(parser, discovery=True)
     elastic = parser.add_argument_group(
         "elastic", "--host-discovery-script or any of these makes the job elastic (on Gloo)")
@@ -64,7 +65,7 @@ def quick_check(hosts: list[str], port: int | None, identity: str | None, python
     The version matters: ranks built from different checkouts can disagree
     on defaults or on what they broadcast, and fail far from the cause.
     """
-    remote = [h for h in hosts if h not in LOCAL_NAMES]
+    remote = [h for h in hosts if not is_this_machine(h)]
     probe = f"{shlex.quote(python)} -c 'import hvdkit; print(hvdkit.__version__)'"
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
         results = list(pool.map(lambda h: run_bounded(ssh_argv(h, probe, port, identity), SSH_CONNECT_TIMEOUT_S + 10),
@@ -110,7 +111,10 @@ def command(args: argparse.Namespace) -> int:
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     script = args.host_discovery_script
     hosts = discover_hosts(script) if script else spec_from_args(args)
-    cfg = LaunchConfig(np=args.np, hosts=hosts, command=cmd, controller=args.controller,
+    if args.np is None and hosts.source != "slurm":
+        raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
+    np = default_np(args, hosts)
+    cfg = LaunchConfig(np=np, hosts=hosts, command=cmd, controller=args.controller,
                        ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface,
                        horovodrun=launcher if os.path.exists(launcher) else "horovodrun",
@@ -120,9 +124,9 @@ def command(args: argparse.Namespace) -> int:
     if not args.no_check and not args.dry_run:
         quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
-    if script and hosts.total_slots < args.np:
+    if script and hosts.total_slots < np:
         wait = f"{args.elastic_timeout} s" if args.elastic_timeout else "--elastic-timeout (600 s by default)"
-        print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {args.np}; "
+        print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {np}; "
               f"horovodrun waits for more, for up to {wait}", file=sys.stderr, flush=True)
     if args.dry_run:
         return 0

@@ -28,6 +28,14 @@ _IPV4 = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 
 
+def is_this_machine(name: str) -> bool:
+    """localhost, or this machine's own host name (how Slurm and hostfiles name the launching node)."""
+    import socket
+
+    me = socket.gethostname()
+    return name in LOCAL_NAMES or name in (me, me.split(".")[0])
+
+
 class HostSpecError(UserError, ValueError):
     """A malformed host list; the message names where (file:line or the -H item) and the fix."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hvdkit.core import slurm
 from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
 from hvdkit.keras.backend import keras_module, resolve_backend
@@ -41,6 +42,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     mode = resolve_backend()
     coll = for_mode(mode)
     apply_horovod_defaults(on_gpu=_has_gpu(mode))  # measured (hvdkit.core.tuning); the environment wins
+    slurm.check_direct_launch(os.environ, mpi_built=bool(coll.hvd.mpi_built()))   # srun without PMIx: say the fix
     coll.hvd.init()
     local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
     threads = threads if threads is not None else cpu_threads_per_rank(local_size)

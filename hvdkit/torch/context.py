@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hvdkit.core import slurm
 from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
 from hvdkit.torch._horovod import hvd
@@ -43,6 +44,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     """
     global _context
     apply_horovod_defaults(on_gpu=torch.cuda.is_available())  # measured (hvdkit.core.tuning); the environment wins
+    slurm.check_direct_launch(os.environ, mpi_built=bool(hvd.mpi_built()))   # srun without PMIx: say the fix
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if torch.cuda.is_available():
