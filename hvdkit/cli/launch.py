@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          help="how long to wait for enough slots (horovodrun's default: 600)")
     elastic.add_argument("--reset-limit", type=positive_int, metavar="N",
                          help="end the job after N resizes (default: no limit)")
+    elastic.add_argument("--slots", type=positive_int, metavar="N",
+                         help="slots of a discovered host printed without ':N' (the MPI Operator's "
+                              "/etc/mpi/discover_hosts.sh prints bare names)")
     add_ssh_arguments(parser)
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
@@ -84,7 +87,7 @@ def quick_check(hosts: list[str], port: int | None, identity: str | None, python
                             f"on {host} from the same checkout (or use the same image); 'hvdkit doctor' compares all versions")
 
 
-def discover_hosts(script: str) -> HostSpec:
+def discover_hosts(script: str, default_slots: int | None = None) -> HostSpec:
     """Run an elastic job's discovery script once, as horovodrun will, and parse what it prints.
 
     horovodrun runs it again every second; a script that fails now would fail
@@ -99,7 +102,7 @@ def discover_hosts(script: str) -> HostSpec:
         last = last_line(err, rc)
         raise UserError(f"discovery script {script} failed ({last}): run it by hand and fix it; "
                         "it must print host:slots lines and exit 0")
-    return parse_discovery_output(out, script)
+    return parse_discovery_output(out, script, default_slots)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -110,7 +113,10 @@ def command(args: argparse.Namespace) -> int:
         raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     script = args.host_discovery_script
-    hosts = discover_hosts(script) if script else spec_from_args(args)
+    if args.slots is not None and not script:
+        raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
+                        "--hostfile or --slurm the slots are in the host list")
+    hosts = discover_hosts(script, args.slots) if script else spec_from_args(args)
     if args.np is None and hosts.source != "slurm":
         raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
     np = default_np(args, hosts)
@@ -119,7 +125,7 @@ def command(args: argparse.Namespace) -> int:
                        network_interface=args.network_interface,
                        horovodrun=launcher if os.path.exists(launcher) else "horovodrun",
                        min_np=args.min_np, max_np=args.max_np, discovery_script=script,
-                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit)
+                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit, slots=args.slots)
     plan = plan_launch(cfg, BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"]))
     if not args.no_check and not args.dry_run:
         quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)

@@ -129,15 +129,23 @@ def _add_host_colon_slots(builder: _Builder, item: str, where: str, fix: str) ->
     builder.add(name, _slots(slots, where, name), where)
 
 
-def parse_discovery_output(text: str, script: str) -> HostSpec:
-    """Parse what an elastic job's ``--host-discovery-script`` printed: one ``host:slots`` a line."""
+def parse_discovery_output(text: str, script: str, default_slots: int | None = None) -> HostSpec:
+    """Parse what an elastic job's ``--host-discovery-script`` printed: one ``host:slots`` a line.
+
+    With ``default_slots`` (horovodrun's ``--slots``) a bare ``host`` line has that
+    many slots, as the MPI Operator's ``/etc/mpi/discover_hosts.sh`` prints them.
+    """
     builder = _Builder(f"discovery script {script}")
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         where = f"discovery script {script}, output line {number} ({line!r})"
-        _add_host_colon_slots(builder, line, where, "print host:slots, one host a line")
+        if default_slots is not None and ":" not in line:
+            builder.add(line, default_slots, where)
+            continue
+        _add_host_colon_slots(builder, line, where, "print host:slots, one host a line (or pass --slots N "
+                                                    "for bare host names)")
     if not builder.hosts:
         raise HostSpecError(f"discovery script {script} printed no hosts: make it print host:slots lines "
                             "(examples/discover_hosts.sh prints those of $HVDKIT_ELASTIC_HOSTS)")

@@ -46,6 +46,7 @@ class LaunchConfig:
     min_np: int | None = None
     max_np: int | None = None
     discovery_script: str | None = None
+    slots: int | None = None               # slots of a discovered host printed without ":N" (horovodrun --slots)
     elastic_timeout: int | None = None     # seconds to wait for enough slots (horovodrun: 600)
     reset_limit: int | None = None         # resizes allowed before the job ends (horovodrun: no limit)
 
@@ -140,6 +141,8 @@ def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str,
         argv += ["--reset-limit", str(cfg.reset_limit)]
     if cfg.discovery_script is not None:
         argv += ["--host-discovery-script", cfg.discovery_script]
+        if cfg.slots is not None:
+            argv += ["--slots", str(cfg.slots)]
     elif cfg.hosts is None:
         raise UserError("an elastic job needs its hosts: pass --host-discovery-script SCRIPT "
                         "(examples/discover_hosts.sh reads a hosts file you can edit while it runs)")

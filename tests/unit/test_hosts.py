@@ -106,3 +106,12 @@ def test_gpu_for_local_rank_names_the_slots_to_use(local_rank, visible, env, ok)
     msg = str(err.value)
     assert f"local rank {local_rank} has no GPU" in msg and f"{visible} GPU(s) are visible" in msg
     assert f"CUDA_VISIBLE_DEVICES={env or 'unset'}" in msg and f"lower the host's slots to {visible}" in msg
+
+
+def test_discovery_output_with_bare_names_takes_the_default_slots():
+    from hvdkit.core.hosts import parse_discovery_output
+
+    spec = parse_discovery_output("job-worker-0.job.ns.svc\njob-worker-1.job.ns.svc:2\n", "d.sh", default_slots=8)
+    assert [(h.name, h.slots) for h in spec.hosts] == [("job-worker-0.job.ns.svc", 8), ("job-worker-1.job.ns.svc", 2)]
+    with pytest.raises(HostSpecError, match="--slots N"):
+        parse_discovery_output("job-worker-0.job.ns.svc\n", "d.sh")

@@ -1,0 +1,145 @@
+"""deploy/kubernetes, checked offline: each MPIJob validates against the MPI Operator's own CRD schema
+(made strict about unknown fields), agrees with the image, and its launcher command is run through
+`hvdkit launch --dry-run` on files shaped like what the operator mounts (hostfile, discover_hosts.sh)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import BIN, ROOT
+
+pytestmark = pytest.mark.cli
+CRD = ROOT / "tests" / "data" / "kubeflow.org_mpijobs.v0.8.2.yaml"
+MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+
+
+def strict(schema: dict) -> dict:
+    """The CRD's schema with additionalProperties: false on every object that lists its properties
+    (as the API server's strict field validation does), so a misspelt field fails."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Validator:
+    crd = yaml.safe_load(CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")
+    return jsonschema.Draft7Validator(strict(version["schema"]["openAPIV3Schema"]))
+
+
+def hvdkit_errors(job: dict) -> list[str]:
+    """What the schema cannot know: the replicas hvdkit needs and the numbers that must agree."""
+    specs = job["spec"].get("mpiReplicaSpecs", {})
+    errors = [f"no {role} replica spec" for role in ("Launcher", "Worker") if role not in specs]
+    if errors:
+        return errors
+    worker = specs["Worker"]["template"]["spec"]["containers"][0]
+    gpus = int(worker["resources"]["limits"].get("nvidia.com/gpu", 0))
+    if job["spec"].get("slotsPerWorker", 1) != gpus:
+        errors.append(f"slotsPerWorker {job['spec'].get('slotsPerWorker', 1)} != the workers' {gpus} GPUs")
+    if specs["Worker"].get("replicas", 0) < 1:
+        errors.append("no workers")
+    return errors
+
+
+def launcher_args(job: dict) -> list[str]:
+    return job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_is_a_valid_mpijob_for_hvdkits_image(path, validator):
+    job = yaml.safe_load(path.read_text())
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(job)]
+    assert not errors, errors
+    assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
+    assert not hvdkit_errors(job)
+    spec = job["spec"]
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady" and spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    # The image the compose file builds from Dockerfile.gpu, its sshd port, and where its sshd reads keys.
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    image = compose["x-image"]["image"]
+    port = re.search(r"^Port (\d+)", (ROOT / "docker" / "sshd_config").read_text(), re.M).group(1)
+    assert f"EXPOSE {port}" in (ROOT / "Dockerfile.gpu").read_text()
+    assert "AuthorizedKeysFile .ssh/authorized_keys" in (ROOT / "docker" / "sshd_config").read_text()
+    assert spec["sshAuthMountPath"] == "/root/.ssh"
+    for role in ("Launcher", "Worker"):
+        container = spec["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
+        assert container["image"] == image
+    worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["containers"][0]["args"] == ["sshd"]
+    assert worker["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == int(port)
+    shm = [v for v in worker["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert shm and any(m["mountPath"] == "/dev/shm" for m in worker["containers"][0]["volumeMounts"])
+    args = launcher_args(job)
+    assert args[:2] == ["hvdkit", "launch"] and args[args.index("-p") + 1] == port
+
+
+def run_dry(args: list[str], replace: dict[str, str]) -> subprocess.CompletedProcess:
+    argv = [str(BIN / "hvdkit"), *[replace.get(a, a) for a in args[1:]]]
+    argv.insert(argv.index("--"), "--dry-run")
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def test_static_job_launches_on_the_operators_hostfile(tmp_path):
+    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "mpijob.yaml").read_text())
+    name, workers, slots = job["metadata"]["name"], job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"], \
+        job["spec"]["slotsPerWorker"]
+    hosts = [f"{name}-worker-{i}.{name}.default.svc" for i in range(workers)]
+    hostfile = tmp_path / "hostfile"     # what the operator writes at /etc/mpi/hostfile
+    hostfile.write_text("".join(f"{h} slots={slots}\n" for h in hosts))
+    args = launcher_args(job)
+    assert args[args.index("--hostfile") + 1] == "/etc/mpi/hostfile"
+    assert int(args[args.index("-np") + 1]) == workers * slots, "-np must fill every worker's GPUs"
+    proc = run_dry(args, {"/etc/mpi/hostfile": str(hostfile)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"-np {workers * slots} -H {','.join(f'{h}:{slots}' for h in hosts)} --mpi -p 12345" in proc.stdout
+
+
+def test_elastic_job_reads_the_operators_discovery_script(tmp_path):
+    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "mpijob-elastic.yaml").read_text())
+    name, slots = job["metadata"]["name"], job["spec"]["slotsPerWorker"]
+    script = tmp_path / "discover_hosts.sh"   # the operator's prints bare names, one a line
+    script.write_text("#!/bin/sh\n" + "".join(f"echo {name}-worker-{i}.{name}.default.svc\n" for i in range(2)))
+    script.chmod(0o755)
+    args = launcher_args(job)
+    assert int(args[args.index("--slots") + 1]) == slots
+    proc = run_dry(args, {"/etc/mpi/discover_hosts.sh": str(script)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"--host-discovery-script {script} --slots {slots}" in proc.stdout and "--gloo" in proc.stdout
+
+
+@pytest.mark.parametrize("breakage,expect", [
+    (lambda j: j["spec"].__setitem__("slotsPerWorkers", 8), "schema"),                   # misspelt field
+    (lambda j: j["spec"].__setitem__("slotsPerWorker", "8"), "schema"),                  # string slots
+    (lambda j: j["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+     .__setitem__("imagePullPolicyy", "Always"), "schema"),                              # unknown container field
+    (lambda j: j["spec"]["mpiReplicaSpecs"].pop("Worker"), "hvdkit"),                    # no workers
+    (lambda j: j["spec"].__setitem__("slotsPerWorker", 4), "hvdkit"),                    # slots != GPUs
+])
+def test_broken_manifests_are_rejected(validator, breakage, expect):
+    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "mpijob.yaml").read_text())
+    breakage(job)
+    schema_errors = list(validator.iter_errors(job))
+    if expect == "schema":
+        assert schema_errors
+    else:
+        assert not schema_errors and hvdkit_errors(job)
