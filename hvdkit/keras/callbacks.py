@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 
 from hvdkit.core.lr import warmup_lr
+from hvdkit.core.preemption import Preemption
 from hvdkit.keras.backend import keras_module
+from hvdkit.keras.checkpoint import save_checkpoint
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import broadcast_state, get_learning_rate, set_learning_rate
@@ -30,11 +32,19 @@ RANK0_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 
 def callbacks(*user_callbacks, warmup_epochs: float = 0, broadcast: bool = True,
-              average_metrics: bool = True, root_rank: int = 0) -> list:
-    """The callback list for ``model.fit``: hvdkit's, then ``user_callbacks`` (file writers on rank 0 only)."""
+              average_metrics: bool = True, root_rank: int = 0, preemption_checkpoint: str | None = None) -> list:
+    """The callback list for ``model.fit``: hvdkit's, then ``user_callbacks`` (file writers on rank 0 only).
+
+    ``preemption_checkpoint``: a file or directory; when any rank gets SIGTERM or
+    SIGUSR1, every rank stops at the next batch end, rank 0 writes a checkpoint
+    there (``epoch`` and ``batch`` in its extra) and the processes exit with
+    ``hvdkit.core.preemption.REQUEUE_EXIT_CODE``.
+    """
     ctx = current()
     classes = _callback_classes(ctx.backend)
     out = []
+    if preemption_checkpoint is not None:
+        out.append(classes["PreemptionCheckpoint"](preemption_checkpoint))
     if broadcast:
         out.append(classes["BroadcastInitialState"](root_rank))
     if average_metrics:
@@ -116,7 +126,27 @@ def _callback_classes(mode: str) -> dict[str, type]:
                 set_learning_rate(self.model.optimizer,
                                   warmup_lr(step, total, self.target / current().size, self.target))
 
+    class PreemptionCheckpoint(keras.callbacks.Callback):
+        """On a termination signal on any rank: checkpoint at the next batch end on every rank, then exit."""
+
+        def __init__(self, path: str):
+            super().__init__()
+            self.path = path
+            self.epoch = 0
+            self.stopped_at: tuple[int, int] | None = None
+            # Ranks agree through one tiny allreduce per batch: the mean of the flags is > 0 if any is set.
+            self.guard = Preemption(lambda flag: int(coll.average_floats([float(flag)], "hvdkit.preemption")[0] > 0))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.guard.requested():
+                self.stopped_at = (self.epoch, batch + 1)
+                save_checkpoint(self.path, self.model, self.model.optimizer, epoch=self.epoch, batch=batch + 1)
+                self.guard.exit()
+
     classes = {"BroadcastInitialState": BroadcastInitialState, "MetricAverage": MetricAverage,
-               "LearningRateWarmup": LearningRateWarmup}
+               "LearningRateWarmup": LearningRateWarmup, "PreemptionCheckpoint": PreemptionCheckpoint}
     _CLASSES[mode] = classes
     return classes

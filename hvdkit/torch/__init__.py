@@ -22,9 +22,10 @@ from hvdkit.torch.data import (
 )
 from hvdkit.torch import elastic
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
+from hvdkit.torch.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 
 __all__ = [
-    "CheckpointError", "Context", "DistributedOptimizer", "ResumableDistributedSampler", "ShardSampler",
+    "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE", "ResumableDistributedSampler", "ShardSampler",
     "allreduce_sum", "broadcast_state", "current", "distributed_loader", "elastic", "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
     "scale_lr", "seed_everything", "step", "warmup_scheduler",

@@ -1,0 +1,71 @@
+"""Worker: training with hk.PreemptionGuard; a signal mid-epoch gives a checkpoint at the step boundary.
+
+Rank r writes pid<r> (so the test can signal one rank) and, on rank 0, the
+number of steps done to progress. With --resume it continues from the
+checkpoint's (epoch, batch). The final parameters go to rank<r>.json.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from torch.utils.data import TensorDataset
+
+import hvdkit.torch as hk
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--ckpt", required=True)
+p.add_argument("--resume", action="store_true")
+p.add_argument("--step-seconds", type=float, default=0.0, help="slow each step so a signal lands mid-epoch")
+args = p.parse_args()
+
+ctx = hk.init(seed=1, threads=1)
+torch.set_default_dtype(torch.float64)
+with open(os.path.join(args.out, f"pid{ctx.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(240, 6, generator=g)
+y = x @ torch.randn(6, 1, generator=g) + 0.1 * torch.randn(240, 1, generator=g)
+loader = hk.distributed_loader(TensorDataset(x, y), batch_size=8, shuffle=True, seed=3)
+torch.manual_seed(5)   # the same initial weights on every rank (and broadcast anyway)
+model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model)
+guard = hk.PreemptionGuard()
+
+EPOCHS, per_epoch = 3, len(loader)
+epoch, start_batch = 0, 0
+if args.resume:
+    extra = hk.load_checkpoint(args.ckpt, model, optimizer)
+    epoch, start_batch = extra["epoch"], extra["batch"]
+    if start_batch >= per_epoch:
+        epoch, start_batch = epoch + 1, 0
+else:
+    hk.broadcast_state(model, optimizer)
+resumed_at = [epoch, start_batch]
+
+steps = 0
+while epoch < EPOCHS:
+    loader.sampler.set_epoch(epoch, start_batch=start_batch)
+    for batch, (xb, yb) in enumerate(loader, start=start_batch):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        optimizer.step()
+        steps += 1
+        if ctx.is_main:
+            with open(os.path.join(args.out, "progress"), "w") as f:
+                f.write(f"{epoch} {batch + 1}")
+        time.sleep(args.step_seconds)
+        if guard.requested():
+            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1)
+            with open(os.path.join(args.out, f"preempted{ctx.rank}.json"), "w") as f:
+                json.dump({"epoch": epoch, "batch": batch + 1, "signal": guard.received}, f)
+            guard.exit()
+    epoch, start_batch = epoch + 1, 0
+
+with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
+    json.dump({"size": ctx.size, "steps": steps, "resumed_at": resumed_at,
+               "params": [t.tolist() for t in model.state_dict().values()]}, f)
