@@ -55,6 +55,9 @@ else:
 
 
 def build_model():
+    # No BatchNormalization in this model. In a model with it, use
+    # hk.SyncBatchNormalization() in its place to normalise over every rank's batch
+    # (same arguments; plain BatchNormalization keeps per-rank statistics).
     return keras.Sequential([
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(32, 3, activation="relu"),

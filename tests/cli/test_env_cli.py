@@ -22,12 +22,19 @@ def test_env_json_reports_frameworks_and_horovod_build():
     assert build["controllers"] == {"mpi": True, "gloo": True}
     assert build["tensor_operations"]["mpi"] and build["tensor_operations"]["gloo"]
     assert report["mpi"] and "Open MPI" in report["mpi"]
+    # The torch module reports the standard it was compiled with: C++20 for torch >= 2.14.
+    from tests.cli.test_install_script import pins
+
+    major, minor = (int(v) for v in pins()["TORCH_VERSION"].split(".")[:2])
+    assert build["torch_cxx_standard"] == ("C++20" if (major, minor) >= (2, 14) else "C++17")
+    assert report["packages"]["torch"] == pins()["TORCH_VERSION"]
 
 
 def test_env_text_looks_like_check_build():
     proc = subprocess.run([str(BIN / "hvdkit"), "env"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "[X] torch" in proc.stdout and "[X] gloo" in proc.stdout
+    assert "torch module       C++" in proc.stdout
 
 
 def test_no_subcommand_prints_help_and_fails():
