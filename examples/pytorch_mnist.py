@@ -55,6 +55,12 @@ def parse_args():
     return p.parse_args()
 
 
+def save(path, model, optimizer, epoch, batch, per_epoch):
+    """A file, or a directory ending in '/' (keeps the newest 3); ``batch`` batches of ``epoch`` are done."""
+    hk.save_checkpoint(path, model, optimizer, step=epoch * per_epoch + batch,  # hvdkit: rank 0 writes
+                       keep_last=3 if path.endswith("/") else None, epoch=epoch, batch=batch)
+
+
 def main():
     args = parse_args()
     ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
@@ -67,44 +73,57 @@ def main():
     test_set = TensorDataset(torch.from_numpy(data.x_test).unsqueeze(1), torch.from_numpy(data.y_test))
     train_loader = hk.distributed_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)  # hvdkit: shard
     test_loader = hk.eval_loader(test_set, batch_size=256)  # hvdkit: unpadded shard for exact accuracy
+    per_epoch = len(train_loader)
 
     model = Net().to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
-    start_epoch = 0
+    start_epoch, start_batch = 0, 0
     if args.resume and args.checkpoint:
         try:
-            start_epoch = hk.load_checkpoint(args.checkpoint, model, optimizer)["epoch"] + 1  # hvdkit: rank 0 reads
+            extra = hk.load_checkpoint(args.checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}")
+        # Saved at an epoch's end, or mid-epoch when the job was preempted.
+        start_epoch, start_batch = extra["epoch"], extra.get("batch", per_epoch)
+        if start_batch >= per_epoch:
+            start_epoch, start_batch = start_epoch + 1, 0
     else:
         hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
-    scheduler = hk.warmup_scheduler(optimizer, int(args.warmup_epochs * len(train_loader)))  # hvdkit:
-    for _ in range(start_epoch * len(train_loader)):
+    scheduler = hk.warmup_scheduler(optimizer, int(args.warmup_epochs * per_epoch))  # hvdkit:
+    for _ in range(start_epoch * per_epoch + start_batch):  # put the warmup where the checkpoint left it
         scheduler.step()
+    # hvdkit: with a checkpoint, SIGTERM/SIGUSR1 on any rank (a cluster's preemption notice) means:
+    # checkpoint after the current step on every rank, then exit 75 so the job can be requeued and --resume.
+    guard = hk.PreemptionGuard() if args.checkpoint else None
 
     if ctx.is_main:  # hvdkit:
         log.info(f"{args.dataset}: {len(train_set)} train / {len(test_set)} test samples, "
                  f"{ctx.size} processes x batch {args.batch_size}, lr {hk.scale_lr(args.lr):g}")
     start = time.time()
+    metrics = hk.evaluate(model, test_loader) if start_epoch >= args.epochs else None  # resumed a finished run
     for epoch in range(start_epoch, args.epochs):
         model.train()
-        train_loader.sampler.set_epoch(epoch)  # hvdkit: a new shuffle each epoch, same on all ranks
-        for x, y in hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}"):  # hvdkit:
+        train_loader.sampler.set_epoch(epoch, start_batch=start_batch)  # hvdkit: same shuffle on all ranks
+        batches = hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}")  # hvdkit:
+        for batch, (x, y) in enumerate(batches, start=start_batch):
             x, y = x.to(ctx.device), y.to(ctx.device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
             scheduler.step()
+            if guard is not None and guard.requested():  # hvdkit: the same answer on every rank
+                save(args.checkpoint, model, optimizer, epoch, batch + 1, per_epoch)
+                guard.exit()
+        start_batch = 0
         train_loss = hk.metric_average(loss.item(), "train_loss")  # hvdkit: mean over ranks
         metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
         if ctx.is_main:  # hvdkit:
             log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
                      f"test accuracy {metrics['accuracy']:.2%} ({metrics['count']} samples)")
-        if args.checkpoint:  # a file, or a directory ending in '/' (keeps the newest 3)
-            hk.save_checkpoint(args.checkpoint, model, optimizer, step=epoch, epoch=epoch,  # hvdkit: rank 0 writes
-                               keep_last=3 if args.checkpoint.endswith("/") else None)
+        if args.checkpoint:
+            save(args.checkpoint, model, optimizer, epoch, per_epoch, per_epoch)
 
     if ctx.is_main:  # hvdkit:
         elapsed = time.time() - start

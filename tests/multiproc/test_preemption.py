@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,3 +98,39 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(out2, 2, proc.stdout):
         assert [r["epoch"], r["batch"]] == marks[0]["stopped_at"] and r["size"] == 2
+
+
+def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
+    """examples/pytorch_mnist.py --checkpoint DIR/: SIGTERM to rank 1 during training -> exit 75 with a
+    mid-run checkpoint; --resume continues from it and finishes."""
+    ckpts = tmp_path / "ckpts"
+    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint", f"{ckpts}/", "--json"]
+    job = subprocess.Popen(horovodrun_cmd(2, example), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=job_env(), start_new_session=True, cwd=ROOT)
+    lines = []
+    try:
+        for line in job.stdout:                # wait for the first epoch's summary, then signal rank 1
+            lines.append(line)
+            if "epoch 1: train loss" in line:
+                break
+        # The ranks' own processes: the interpreter running the example (not horovodrun, not a shell).
+        pattern = f"^{sys.executable} {example[0]} --epochs 6"
+        pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+        workers = sorted(int(p) for p in pids.split())
+        assert len(workers) == 2, pids
+        signalled = time.time()
+        os.kill(workers[-1], signal.SIGTERM)
+        rest, _ = job.communicate(timeout=60)
+        ended = time.time() - signalled
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    output = "".join(lines) + rest
+    assert ended < 30 and f"Exit code: {REQUEUE_EXIT_CODE}" in output, (ended, output[-3000:])
+    assert "final test accuracy" not in output
+    saved = sorted(p.name for p in ckpts.glob("ckpt-*.pt"))
+    assert saved, "no checkpoint was written"
+    proc = run_job(horovodrun_cmd(2, [*example, "--resume"]), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    result = json.loads(proc.stdout[proc.stdout.index('{"dataset"'):].splitlines()[0])
+    assert result["size"] == 2 and result["test_accuracy"] > 0.9
