@@ -67,24 +67,27 @@ def test_missing_compiler_is_one_line_naming_the_package(tmp_path):
     assert_one_line_error(proc, "no C++ compiler", "apt-get install g++")
 
 
+def wrapper_compiler(path, body: str) -> str:
+    """A shell script in front of a real compiler driver, to take away a language standard."""
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
 def test_compiler_without_cxx17_is_rejected(tmp_path):
-    # A real compiler driver that treats sources as C, so C++17's <optional> cannot build.
-    c_only = tmp_path / "c-only"
-    c_only.write_text(f'#!/bin/sh\nexec {shutil.which("gcc")} -x c "$@"\n')
-    c_only.chmod(0o755)
-    proc = run_script("--check-only", env={"CXX": str(c_only), "HVDKIT_TORCH_VERSION": "2.13.0"})
+    # Sources compiled as C, so C++17's <optional> cannot build.
+    c_only = wrapper_compiler(tmp_path / "c-only", f'exec {shutil.which("gcc")} -x c "$@"\n')
+    proc = run_script("--check-only", env={"CXX": c_only, "HVDKIT_TORCH_VERSION": "2.13.0"})
     assert_one_line_error(proc, "torch 2.13.0 headers need C++17", "cannot compile it")
 
 
 def test_compiler_without_cxx20_is_rejected_for_torch_2_14(tmp_path):
-    # A real g++ that refuses -std=c++20, as GCC 9 and older do.
-    gxx17 = tmp_path / "g++9"
-    gxx17.write_text('#!/bin/sh\ncase "$*" in *c++20*) echo "unrecognized -std=c++20" >&2; exit 1;; esac\n'
-                     f'exec {shutil.which("g++")} "$@"\n')
-    gxx17.chmod(0o755)
-    proc = run_script("--check-only", env={"CXX": str(gxx17)})
+    # -std=c++20 refused, as by GCC 9 and older.
+    gxx17 = wrapper_compiler(tmp_path / "g++9", 'case "$*" in *c++20*) echo "unrecognized -std=c++20" >&2; '
+                             f'exit 1;; esac\nexec {shutil.which("g++")} "$@"\n')
+    proc = run_script("--check-only", env={"CXX": gxx17})
     assert_one_line_error(proc, f"torch {pins()['TORCH_VERSION']} headers need C++20", "g++ >= 10")
-    assert run_script("--check-only", env={"CXX": str(gxx17), "HVDKIT_TORCH_VERSION": "2.13.0"}).returncode == 0
+    assert run_script("--check-only", env={"CXX": gxx17, "HVDKIT_TORCH_VERSION": "2.13.0"}).returncode == 0
 
 
 def test_missing_python_is_one_line(tmp_path):

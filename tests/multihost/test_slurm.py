@@ -3,7 +3,6 @@ launches it there: `srun --mpi=pmix` directly (no ssh, no horovodrun) and `hvdki
 allocation (hosts read from SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE). Each must give the world size 4,
 both hosts, and the same test accuracy as 4 MPI processes on one host."""
 
-import json
 import re
 import shutil
 import sys
@@ -13,20 +12,11 @@ import pytest
 from tests.conftest import BIN, ROOT, job_env, run_job
 from tests.multihost.conftest import require_root
 from tests.multihost.slurm_cluster import SlurmHosts
+from tests.multihost.test_multihost import DETERMINISTIC, result_of
 from tests.multihost.testhosts import PORT
 
 pytestmark = pytest.mark.multihost
 EXAMPLE = f"{sys.executable} {ROOT / 'examples' / 'pytorch_mnist.py'} --epochs 4 --json"
-# Fusion off: a fixed summation order, so runs compare exactly (see test_multihost.py).
-DETERMINISTIC = {"HOROVOD_FUSION_THRESHOLD": "0"}
-
-
-def result_of(output: str) -> dict:
-    match = re.search(r'(\{"dataset".*\})', output)
-    assert match, output[-3000:]
-    return json.loads(match.group(1))
-
-
 @pytest.fixture(scope="module")
 def slurm():
     require_root()

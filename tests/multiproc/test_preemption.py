@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,34 +27,50 @@ def run(out: Path, *extra: str) -> list[dict]:
     return read_rank_results(out, 2, proc.stdout)
 
 
+def sigterm_one_rank(argv: list[str], ready, victim) -> tuple[str, float]:
+    """Start horovodrun with ``argv``, wait until ``ready(output_so_far)`` (max 180 s), SIGTERM the pid
+    ``victim()`` returns; return (all output, seconds from the signal to the job's end)."""
+    job = subprocess.Popen(horovodrun_cmd(2, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=job_env(), start_new_session=True, cwd=ROOT)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(job.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 180
+        while not ready("".join(lines)):
+            if time.time() > deadline or job.poll() is not None:
+                pytest.fail("the job made no progress:\n" + "".join(lines)[-3000:])
+            time.sleep(0.05)
+        signalled = time.time()
+        os.kill(victim(), signal.SIGTERM)
+        job.wait(timeout=60)
+        ended = time.time() - signalled
+        reader.join(timeout=10)
+        return "".join(lines), ended
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def progress_at_least(path: Path, target: tuple[int, ...]):
+    def ready(_output: str) -> bool:
+        text = path.read_text().split() if path.exists() else []
+        return bool(text) and tuple(int(v) for v in text) >= target
+    return ready
+
+
 def test_sigterm_on_one_rank_checkpoints_every_rank_and_resumes_exactly(tmp_path):
     reference = run(tmp_path / "uninterrupted", "--ckpt", str(tmp_path / "unused.pt"))
     assert reference[0]["size"] == 2 and reference[0]["params"] == reference[1]["params"]
 
     ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
     out.mkdir()
-    job = subprocess.Popen(horovodrun_cmd(2, [WORKER, "--out", str(out), "--ckpt", str(ckpt),
-                                              "--step-seconds", "0.2"]),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(),
-                           start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:          # mid-way through the second epoch (15 batches an epoch)
-            progress = (out / "progress").read_text().split() if (out / "progress").exists() else []
-            if len(progress) == 2 and (int(progress[0]), int(progress[1])) >= (1, 4):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the job made no progress")
-        signalled = time.time()
-        os.kill(int((out / "pid1").read_text()), signal.SIGTERM)
-        output, _ = job.communicate(timeout=60)
-        ended = time.time() - signalled
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    # Signal rank 1 mid-way through the second epoch (15 batches an epoch).
+    output, ended = sigterm_one_rank([WORKER, "--out", str(out), "--ckpt", str(ckpt), "--step-seconds", "0.2"],
+                                     progress_at_least(out / "progress", (1, 4)),
+                                     lambda: int((out / "pid1").read_text()))
     assert ended < 30, f"the job took {ended:.1f}s to end after SIGTERM"
-    assert job.returncode != 0 and f"Exit code: {REQUEUE_EXIT_CODE}" in output, output[-3000:]
+    assert f"Exit code: {REQUEUE_EXIT_CODE}" in output, output[-3000:]
     marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
     assert marks[0] == {**marks[1], "signal": marks[0]["signal"]}, "ranks stopped at different steps"
     assert marks[1]["signal"] == signal.SIGTERM and marks[0]["signal"] is None, "only rank 1 was signalled"
@@ -71,22 +88,9 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
     ckpt, out = tmp_path / "ckpt.npz", tmp_path / "preempted"
     out.mkdir()
     worker = str(WORKERS / "keras_preempt.py")
-    job = subprocess.Popen(horovodrun_cmd(2, [worker, "--out", str(out), "--mode", mode, "--ckpt", str(ckpt)]),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(),
-                           start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.time() + 180
-        while not ((out / "progress").exists() and int((out / "progress").read_text() or 0) >= 3):
-            if time.time() > deadline or job.poll() is not None:
-                pytest.fail("the job made no progress")
-            time.sleep(0.05)
-        signalled = time.time()
-        os.kill(int((out / "pid1").read_text()), signal.SIGTERM)
-        output, _ = job.communicate(timeout=60)
-        ended = time.time() - signalled
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    output, ended = sigterm_one_rank([worker, "--out", str(out), "--mode", mode, "--ckpt", str(ckpt)],
+                                     progress_at_least(out / "progress", (3,)),
+                                     lambda: int((out / "pid1").read_text()))
     assert ended < 30 and f"Exit code: {REQUEUE_EXIT_CODE}" in output, (ended, output[-3000:])
     marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
     assert marks[0]["stopped_at"] == marks[1]["stopped_at"] and marks[0]["stopped_at"][1] < 30
@@ -105,27 +109,15 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
     mid-run checkpoint; --resume continues from it and finishes."""
     ckpts = tmp_path / "ckpts"
     example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint", f"{ckpts}/", "--json"]
-    job = subprocess.Popen(horovodrun_cmd(2, example), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=job_env(), start_new_session=True, cwd=ROOT)
-    lines = []
-    try:
-        for line in job.stdout:                # wait for the first epoch's summary, then signal rank 1
-            lines.append(line)
-            if "epoch 1: train loss" in line:
-                break
+
+    def a_rank_pid() -> int:
         # The ranks' own processes: the interpreter running the example (not horovodrun, not a shell).
-        pattern = f"^{sys.executable} {example[0]} --epochs 6"
-        pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
-        workers = sorted(int(p) for p in pids.split())
-        assert len(workers) == 2, pids
-        signalled = time.time()
-        os.kill(workers[-1], signal.SIGTERM)
-        rest, _ = job.communicate(timeout=60)
-        ended = time.time() - signalled
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    output = "".join(lines) + rest
+        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 6"],
+                              capture_output=True, text=True).stdout.split()
+        assert len(pids) == 2, pids
+        return int(max(pids, key=int))
+
+    output, ended = sigterm_one_rank(example, lambda out: "epoch 1: train loss" in out, a_rank_pid)
     assert ended < 30 and f"Exit code: {REQUEUE_EXIT_CODE}" in output, (ended, output[-3000:])
     assert "final test accuracy" not in output
     saved = sorted(p.name for p in ckpts.glob("ckpt-*.pt"))
