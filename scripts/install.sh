@@ -221,10 +221,16 @@ want_test_host_tools() {
 }
 
 # GPU: a CUDA_HOME given must hold nvcc (without one, nvcc comes from NVIDIA's wheels later).
+# Its CUDA major is checked against the pin here, before anything is created, and
+# against the installed torch's own CUDA again in step 3b.
 check_cuda_home() {
   [ "$MODE" = gpu ] && [ -n "${CUDA_HOME:-}" ] || return 0
   [ -x "$CUDA_HOME/bin/nvcc" ] \
     || die "CUDA_HOME=$CUDA_HOME has no bin/nvcc: point it at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
+  local release
+  release=$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
+  [ -n "${HVDKIT_TORCH_VERSION:-}" ] || [ "${release%%.*}" = "$TORCH_CUDA_MAJOR" ] \
+    || die "nvcc in $CUDA_HOME is CUDA ${release:-unknown} but torch $TORCH_VERSION is built for CUDA $TORCH_CUDA_MAJOR: point CUDA_HOME at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
 }
 
 step "checking prerequisites ($MODE mode)"

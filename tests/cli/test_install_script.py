@@ -127,6 +127,15 @@ def test_gpu_mode_without_cuda_is_one_line(tmp_path):
     assert_one_line_error(proc, "has no bin/nvcc", "CUDA_HOME")
 
 
+def test_gpu_mode_refuses_a_cuda_toolkit_of_another_major(tmp_path):
+    """CUDA_HOME with a CUDA 12 nvcc against torch's CUDA 13: one line naming both, before anything is made."""
+    fake = tmp_path / "cuda-12.8"
+    (fake / "bin").mkdir(parents=True)
+    wrapper_compiler(fake / "bin" / "nvcc", "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    proc = run_script("--check-only", "--gpu", env={"CUDA_HOME": str(fake)})
+    assert_one_line_error(proc, "is CUDA 12.8 but torch", f"built for CUDA {pins()['TORCH_CUDA_MAJOR']}")
+
+
 def test_unknown_option():
     assert_one_line_error(run_script("--fast"), "unknown option '--fast'")
 
