@@ -51,7 +51,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _target(args: argparse.Namespace) -> BenchTarget:
-    hosts = spec_from_args(args) if (args.hosts or args.hostfile or args.slurm) else parse_hosts_string(f"localhost:{args.np}")
+    given = args.hosts or args.hostfile or args.slurm
+    hosts = spec_from_args(args) if given else parse_hosts_string(f"localhost:{args.np}")
     return BenchTarget(np=args.np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface)
 

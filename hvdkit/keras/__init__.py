@@ -34,7 +34,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "broadcast_state",
+    "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "SyncBatchNormalization",
+    "broadcast_state",
     "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
-    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch", "SyncBatchNormalization",
+    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch",
 ]

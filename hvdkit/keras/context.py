@@ -71,10 +71,10 @@ def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> st
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        gpu_for_local_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
-        tf.config.set_visible_devices(gpus[local_rank], "GPU")
-        return f"GPU:{local_rank}"
+        gpu = gpu_for_local_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        tf.config.experimental.set_memory_growth(gpus[gpu], True)
+        tf.config.set_visible_devices(gpus[gpu], "GPU")
+        return f"GPU:{gpu}"
     if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
         # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
         try:
@@ -88,9 +88,10 @@ def _pin_torch(local_rank: int, local_size: int, threads: int | None) -> str:
     import torch
 
     if torch.cuda.is_available():
-        gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        torch.cuda.set_device(local_rank)
-        return f"cuda:{local_rank}"
+        gpu = gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(),
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        torch.cuda.set_device(gpu)
+        return f"cuda:{gpu}"
     if threads is not None:
         torch.set_num_threads(threads)
     return "cpu"

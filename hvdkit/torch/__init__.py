@@ -25,7 +25,8 @@ from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, 
 from hvdkit.torch.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 
 __all__ = [
-    "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE", "ResumableDistributedSampler", "ShardSampler",
+    "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
+    "ResumableDistributedSampler", "ShardSampler",
     "allreduce_sum", "broadcast_state", "current", "distributed_loader", "elastic", "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
     "scale_lr", "seed_everything", "step", "warmup_scheduler",

@@ -49,9 +49,10 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if torch.cuda.is_available():
         # device_count() is already filtered by CUDA_VISIBLE_DEVICES.
-        gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        gpu = gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(),
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
     else:
         device = torch.device("cpu")
     if threads is None and device.type == "cpu":
