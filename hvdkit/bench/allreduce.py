@@ -9,7 +9,10 @@ Launched by ``hvdkit bench allreduce`` (see :mod:`hvdkit.bench.runner`) as
 - ``horovod-mpi`` / ``horovod-gloo``: the same call after a plain ``hvd.init()``,
   under ``horovodrun --mpi`` / ``--gloo`` with Horovod's defaults;
 - ``torch``: ``torch.distributed.all_reduce`` (Gloo on CPU, NCCL on GPU);
-- ``mpi4py``: ``MPI.COMM_WORLD.Allreduce`` in place, the raw-MPI reference (host memory).
+- ``mpi4py``: ``MPI.COMM_WORLD.Allreduce`` in place, the raw-MPI reference (host memory);
+- ``mpi4py-avg``: the same sum, then one in-place scale by 1/size: the least any
+  averaging allreduce must do, so the gap between it and ``mpi4py`` is the cost
+  of averaging itself, and the gap from ``hvdkit`` to it is Horovod's own.
 
 Cases: a message-size ``sweep``, and ResNet-50's 161 parameter tensors
 allreduced together (``resnet50-many``) next to one tensor of the same total
@@ -25,10 +28,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from hvdkit.bench.catalog import ALLREDUCE_IMPLS
 from hvdkit.bench.models import resnet50_shapes
 from hvdkit.bench.results import emit, launcher_world, machine
 
-IMPLS = ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")
 
 
 def iterations(nbytes: int) -> int:
@@ -118,15 +121,20 @@ class TorchComm(Comm):
 
 
 class MpiComm(Comm):
-    def __init__(self):
+    """Raw MPI: a sum in place; with ``average``, then one in-place scale (what averaging costs at least)."""
+
+    def __init__(self, average: bool = False):
         from mpi4py import MPI
 
-        self.MPI, self.comm = MPI, MPI.COMM_WORLD
-        self.name, self.rank, self.size, self.controller = "mpi4py", self.comm.rank, self.comm.size, "mpi"
+        self.MPI, self.comm, self.average = MPI, MPI.COMM_WORLD, average
+        self.name = "mpi4py-avg" if average else "mpi4py"
+        self.rank, self.size, self.controller = self.comm.rank, self.comm.size, "mpi"
 
     def allreduce(self, tensors):
         for t in tensors:
             self.comm.Allreduce(self.MPI.IN_PLACE, t.numpy())
+            if self.average:
+                t.div_(self.size)
 
     def barrier(self):
         self.comm.Barrier()
@@ -140,9 +148,9 @@ def make_comm(name: str) -> Comm:
         return HorovodComm(name)
     if name == "torch":
         return TorchComm()
-    if name == "mpi4py":
-        return MpiComm()
-    raise SystemExit(f"unknown implementation {name!r}: use one of {', '.join(IMPLS)}")
+    if name in ("mpi4py", "mpi4py-avg"):
+        return MpiComm(average=name == "mpi4py-avg")
+    raise SystemExit(f"unknown implementation {name!r}: use one of {', '.join(ALLREDUCE_IMPLS)}")
 
 
 def timed(comm: Comm, tensors: list[torch.Tensor], iters: int, repeats: int) -> list[float]:
@@ -187,7 +195,7 @@ def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="allreduce benchmark worker (run by hvdkit bench allreduce)")
-    p.add_argument("--impl", required=True, choices=IMPLS)
+    p.add_argument("--impl", required=True, choices=ALLREDUCE_IMPLS)
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-resnet", action="store_true")

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hvdkit.bench.catalog import MODELS as MODEL_NAMES
+
 
 class MnistNet(nn.Module):
     """The convnet of examples/pytorch_mnist.py (a test checks they stay the same)."""
@@ -85,4 +87,4 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in model.parameters()]
 
 
-MODELS = {"mnist": MnistNet, "resnet50": ResNet50}
+MODELS = dict(zip(MODEL_NAMES, (MnistNet, ResNet50), strict=True))

@@ -11,6 +11,10 @@ import csv
 import json
 import os
 import statistics
+import time
+from collections.abc import Callable
+
+from hvdkit.core.console import text_table
 
 
 def bus_factor(n: int) -> float:
@@ -54,22 +58,27 @@ def allreduce_rows(payloads: list[dict]) -> list[dict]:
     return rows
 
 
-def allreduce_table(rows: list[dict], reference: str = "mpi4py", subject: str = "hvdkit") -> str:
-    """Bus bandwidth per size and implementation, plus subject/reference; then the ResNet-50 fusion lines."""
+def allreduce_table(rows: list[dict], references: tuple[str, ...] = ("mpi4py", "mpi4py-avg"),
+                    subject: str = "hvdkit") -> str:
+    """Bus bandwidth per size and implementation, plus subject/reference for each reference that ran.
+
+    Two references by default: raw MPI's sum, and that sum followed by one
+    in-place scale, the least an averaging allreduce must do. Then the
+    ResNet-50 fusion lines.
+    """
     sweep = [r for r in rows if r["case"] == "sweep"]
     impls = list(dict.fromkeys(r["impl"] for r in sweep))
     by = {(r["impl"], r["bytes"]): r for r in sweep}
-    show_ratio = reference in impls and subject in impls
-    header = ["size"] + impls + ([f"{subject}/{reference}"] if show_ratio else [])
+    refs = [ref for ref in references if ref in impls and subject in impls]
+    header = ["size"] + impls + [f"{subject}/{ref}" for ref in refs]
     lines = [header]
     for size in sorted({r["bytes"] for r in sweep}):
         line = [human_bytes(size)] + [f"{by[(i, size)]['busbw_GBps']:.2f}" if (i, size) in by else "-" for i in impls]
-        if show_ratio and (subject, size) in by and (reference, size) in by:
-            line.append(f"{by[(subject, size)]['busbw_GBps'] / by[(reference, size)]['busbw_GBps']:.0%}")
+        for ref in refs:
+            have = (subject, size) in by and (ref, size) in by
+            line.append(f"{by[(subject, size)]['busbw_GBps'] / by[(ref, size)]['busbw_GBps']:.0%}" if have else "-")
         lines.append(line)
-    widths = [max(len(row[i]) if i < len(row) else 0 for row in lines) for i in range(len(header))]
-    out = ["bus bandwidth, GB/s (median over rounds of the median of repeats)"]
-    out += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in lines]
+    out = ["bus bandwidth, GB/s (median over rounds of the median of repeats)", text_table(lines)]
     many = {r["impl"]: r for r in rows if r["case"] == "resnet50-many"}
     one = {r["impl"]: r for r in rows if r["case"] == "resnet50-one"}
     if many:
@@ -98,7 +107,8 @@ def write_json(path: str, data: dict) -> None:
         f.write("\n")
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), imported only when a plot is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +119,7 @@ def _pyplot():
 
 def plot_allreduce(path: str, rows: list[dict], title: str) -> None:
     """Bus bandwidth vs message size per implementation, and the ResNet-50 fusion bars."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
     sweep = [r for r in rows if r["case"] == "sweep"]
     for impl in dict.fromkeys(r["impl"] for r in sweep):
@@ -142,6 +152,42 @@ def machine_line(payload: dict) -> str:
     return f"{m.get('host', '?')}: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, {gpu}"
 
 
-def ensure_dir(path: str) -> str:
-    os.makedirs(path, exist_ok=True)
-    return path
+
+def results_data(kind: str, payloads: list[dict], started: float, skipped: dict, failures: list[str],
+                 rows: list[dict], **fields) -> dict:
+    """The JSON a bench writes: what ran, on which machine, when, what was skipped or failed, and the rows."""
+    return {"kind": kind, **fields, "machine": payloads[0]["machine"] if payloads else None,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), "skipped": skipped,
+            "failures": failures, "launches": [p["launch"] for p in payloads], "rows": rows}
+
+
+def write_results(out: str, data: dict, title: str, table: str, plot: Callable[[str, list, str], None]) -> None:
+    """``<kind>.json``, ``.csv``, ``.txt`` (title and table) and ``.png`` (when there are rows) under ``out``."""
+    kind, rows = data["kind"], data["rows"]
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, f"{kind}.json"), data)
+    write_csv(os.path.join(out, f"{kind}.csv"), rows)
+    with open(os.path.join(out, f"{kind}.txt"), "w") as f:
+        f.write(f"{title}\n{table}\n")
+    if rows:
+        plot(os.path.join(out, f"{kind}.png"), rows, title)
+
+
+def plot_plan(path: str, preds, assumptions: dict) -> None:
+    """Scaling efficiency against workers: ring-allreduce next to one parameter server (``hvdkit plan``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p.workers for p in preds]
+    ax.plot(xs, [p.ring_efficiency for p in preds], marker="o", label="ring-allreduce")
+    ax.plot(xs, [p.ps_efficiency for p in preds], marker="s", label="parameter server (1 server)")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("workers (GPUs)")
+    ax.set_ylabel("scaling efficiency")
+    ax.set_title(f"{assumptions['params'] / 1e6:.1f} M params, {assumptions['compute_ms']:.0f} ms compute, "
+                 f"{assumptions['bandwidth_GBps']:.3g} GB/s, {assumptions['latency_us']:.3g} us", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -18,17 +18,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from hvdkit.bench.catalog import CONTROLLER, MODELS, TRAIN_IMPLS
 from hvdkit.bench.results import collect
 from hvdkit.core.console import progress
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import LOCAL_NAMES, HostSpec
 from hvdkit.core.launch import BuildFlags, LaunchConfig, plan_launch
-
-# Which controller each implementation's processes are launched with. hvdkit
-# gets "auto", i.e. whatever `hvdkit launch` would pick; so does "horovod-auto",
-# which stands for plain horovodrun (it too prefers MPI when it is there).
-CONTROLLER = {"hvdkit": "auto", "horovod-auto": "auto", "horovod-mpi": "mpi", "horovod-gloo": "gloo",
-              "torch": "gloo", "mpi4py": "mpi"}
+from hvdkit.core.remote import horovodrun_path
+from hvdkit.core.topology import share_of_cores
 
 
 @dataclass(frozen=True)
@@ -68,11 +65,10 @@ def _free_port() -> int:
 def plan_horovodrun(impl: str, target: BenchTarget, build: BuildFlags, worker_argv: tuple[str, ...],
                     port: int | None = None) -> BenchLaunch:
     """The horovodrun command that runs ``worker_argv`` for ``impl`` (pure apart from ``port``)."""
-    launcher = os.path.join(os.path.dirname(target.python), "horovodrun")
     cfg = LaunchConfig(np=target.np, hosts=target.hosts, command=(target.python, *worker_argv),
                        controller=CONTROLLER[impl], ssh_port=target.ssh_port,
                        ssh_identity_file=target.ssh_identity_file, network_interface=target.network_interface,
-                       horovodrun=launcher if os.path.exists(launcher) else "horovodrun")
+                       horovodrun=horovodrun_path(target.python))
     plan = plan_launch(cfg, build)
     env = {}
     if impl == "torch":
@@ -100,8 +96,58 @@ def available(impls: list[str], build: BuildFlags) -> tuple[list[str], dict[str,
     return keep, skipped
 
 
-class BenchError(UserError):
-    """A launch failed or reported nothing; the message names the implementation and its last error line."""
+def plan_allreduce(target: BenchTarget, build: BuildFlags, impls: list[str], sizes: list[int], repeats: int,
+                   resnet: bool = True) -> tuple[list[BenchLaunch], dict[str, str]]:
+    """One launch of :mod:`hvdkit.bench.allreduce` per implementation this build can run; and the skipped ones."""
+    keep, skipped = available(impls, build)
+    worker = ("-m", "hvdkit.bench.allreduce", "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats),
+              *(() if resnet else ("--no-resnet",)))
+    return [plan_horovodrun(impl, target, build, (*worker, "--impl", impl)) for impl in keep], skipped
+
+
+@dataclass(frozen=True)
+class TrainBench:
+    """What ``hvdkit bench train`` times: each model under each implementation, at each process count."""
+
+    models: tuple[str, ...] = MODELS
+    impls: tuple[str, ...] = TRAIN_IMPLS
+    batch_size: int | None = None        # per process; default mnist 32, resnet50 16
+    steps: int = 30
+    warmup: int = 6
+    image_size: int = 64
+
+
+def plan_train(targets: list[BenchTarget], build: BuildFlags, bench: TrainBench) -> tuple[list[BenchLaunch], dict]:
+    """Every (target, model, implementation) launch of :mod:`hvdkit.bench.train`, in run order; and the skipped."""
+    for name in bench.models:
+        if name not in MODELS:
+            raise UserError(f"model {name!r} is unknown: use {' or '.join(MODELS)}")
+    for impl in bench.impls:
+        if impl not in TRAIN_IMPLS:
+            raise UserError(f"implementation {impl!r} is unknown: use some of {', '.join(TRAIN_IMPLS)}")
+    launches, skipped = [], {}
+    for target in targets:
+        # The same intra-op threads for every implementation: the host's cores
+        # shared by its ranks (hvdkit's own default, made explicit so the
+        # hand-written and DDP runs get it too).
+        threads = {"OMP_NUM_THREADS": str(share_of_cores(min(target.np, target.hosts.hosts[0].slots)))}
+        local = all(h.name in LOCAL_NAMES for h in target.hosts.hosts)
+        for model in bench.models:
+            batch = bench.batch_size or (32 if model == "mnist" else 16)
+            worker = ("-m", "hvdkit.bench.train", "--model", model, "--batch-size", str(batch),
+                      "--steps", str(bench.steps), "--warmup", str(bench.warmup), "--image-size", str(bench.image_size))
+            for impl in bench.impls:
+                if impl == "ddp" and not local:
+                    skipped["ddp"] = "the torchrun comparison runs on this host only (-H localhost:N)"
+                elif impl == "ddp":
+                    argv = (target.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                            str(target.np), "-m", *worker[1:], "--impl", "ddp")
+                    launches.append(BenchLaunch("ddp", argv, threads))
+                else:
+                    launch = plan_horovodrun("hvdkit" if impl == "hvdkit" else "horovod-auto", target, build,
+                                             (*worker, "--impl", impl))
+                    launches.append(BenchLaunch(impl, launch.argv, {**launch.env, **threads}))
+    return launches, skipped
 
 
 def _last_error(output: str) -> str:

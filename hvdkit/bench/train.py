@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from hvdkit.bench.catalog import TRAIN_IMPLS
 from hvdkit.bench.models import MODELS
 from hvdkit.bench.results import emit, launcher_world, machine
 
-IMPLS = ("hvdkit", "horovod", "ddp")
 
 
 def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
@@ -183,7 +183,7 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="training-step benchmark worker (run by hvdkit bench train)")
-    p.add_argument("--impl", required=True, choices=IMPLS)
+    p.add_argument("--impl", required=True, choices=TRAIN_IMPLS)
     p.add_argument("--model", required=True, choices=sorted(MODELS))
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--steps", type=int, default=30)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from hvdkit.bench.report import _pyplot
+from hvdkit.bench.report import pyplot
+from hvdkit.core.console import text_table
 
 PHASES = ("input", "compute", "allreduce", "update")
 
@@ -58,16 +59,14 @@ def train_table(rows: list[dict]) -> str:
                         for ph in PHASES],
                       f"{r['scaling_efficiency']:.0%}",
                       f"{r['samples_per_s'] / ref['samples_per_s']:.3f}" if ref else "-"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = ["throughput (median step) and where the step's time goes"]
-    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    out = ["throughput (median step) and where the step's time goes", text_table(lines)]
     out.append("* DDP overlaps allreduce with backward; its share is backward minus backward under no_sync().")
     return "\n".join(out)
 
 
 def plot_train(path: str, rows: list[dict], title: str) -> None:
     """Stacked time split per run, and samples/s per implementation."""
-    plt = _pyplot()
+    plt = pyplot()
     models = sorted({r["model"] for r in rows})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models):

@@ -1,67 +1,50 @@
 """`hvdkit bench`: hvdkit next to its peers, measured in one invocation on the same hosts.
 
-    hvdkit bench allreduce -np 2                         # sweep 4 KiB..256 MiB, 5 implementations
+    hvdkit bench allreduce -np 2                         # sweep 4 KiB..256 MiB, 6 implementations
     hvdkit bench allreduce -np 8 -H a:4,b:4 -p 12345 --sizes 1M,16M,64M
-    hvdkit bench train -np 1,2 --model mnist             # samples/s and time split, 3 implementations
+    hvdkit bench train -np 1,2 --models mnist            # samples/s and time split, 3 implementations
+
+Parsing and printing only: the launches are planned and run by
+:mod:`hvdkit.bench.runner`, and reported by :mod:`hvdkit.bench.report`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 import time
 
 from hvdkit.bench import report
-from hvdkit.bench.runner import BenchTarget, available, plan_horovodrun, run_launches
-from hvdkit.cli.doctor import add_ssh_arguments
-from hvdkit.cli.hosts import add_host_arguments, spec_from_args
-from hvdkit.core.envreport import probe_horovod
+from hvdkit.bench.catalog import ALLREDUCE_IMPLS, MODELS, TRAIN_IMPLS
+from hvdkit.bench.runner import BenchTarget, TrainBench, plan_allreduce, plan_train, run_launches
+from hvdkit.bench.train_report import plot_train, train_rows, train_table
+from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, spec_from_args
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags
-
-ALLREDUCE_IMPLS = ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30}
+from hvdkit.core.units import parse_byte_range
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise UserError(f"size {text!r} is not understood: write e.g. 4096, 64K, 16M or 1G")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value < 4:
-        raise UserError(f"size {text!r} is under one float32: use at least 4 bytes")
-    return value
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
-def parse_sizes(text: str) -> list[int]:
-    """``4K:256M`` (every power of 4 from 4 KiB to 256 MiB) or a list ``1M,16M,64M``."""
-    if ":" in text:
-        lo, hi = (parse_size(t) for t in text.split(":", 1))
-        if lo > hi:
-            raise UserError(f"size range {text!r} runs backwards: write LOW:HIGH, e.g. 4K:256M")
-        sizes = [lo]
-        while sizes[-1] * 4 <= hi:
-            sizes.append(sizes[-1] * 4)
-        return sizes
-    return [parse_size(t) for t in text.split(",") if t.strip()]
+def _np_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"-np {text!r} is not a list of process counts: write e.g. -np 2 or -np 1,2,4") from None
+    if not values or min(values) < 1:
+        raise UserError(f"-np {text!r}: process counts must be 1 or more")
+    return values
 
 
-def _target(args: argparse.Namespace) -> BenchTarget:
+def _target(args: argparse.Namespace, np: int) -> BenchTarget:
     given = args.hosts or args.hostfile or args.slurm
-    hosts = spec_from_args(args) if given else parse_hosts_string(f"localhost:{args.np}")
-    return BenchTarget(np=args.np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+    hosts = spec_from_args(args) if given else parse_hosts_string(f"localhost:{np}")
+    return BenchTarget(np=np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface)
-
-
-def _build() -> BuildFlags:
-    build, error = probe_horovod()
-    if build is None:
-        raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
-    return BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"])
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -90,9 +73,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _common(ar)
     ar.set_defaults(func=allreduce_command)
 
-    from hvdkit.cli import bench_train
-
-    bench_train.add_parser(kinds, _common)
+    tr = kinds.add_parser("train", help="training throughput and time split: hvdkit vs Horovod by hand vs torchrun+DDP")
+    tr.add_argument("-np", "--num-proc", dest="np_list", default="2",
+                    help="process counts, e.g. 1,2 (scaling efficiency is reported against the first)")
+    tr.add_argument("--models", default=",".join(MODELS),
+                    help="mnist (the example's convnet), resnet50 (synthetic images)")
+    tr.add_argument("--impls", default=",".join(TRAIN_IMPLS), help="comma-separated (default: all)")
+    tr.add_argument("--batch-size", type=int, default=None, help="per process (default: mnist 32, resnet50 16)")
+    tr.add_argument("--repeats", type=int, default=3, help="runs of each launch, interleaved; medians reported")
+    tr.add_argument("--steps", type=int, default=30, help="timed steps per run (default %(default)s)")
+    tr.add_argument("--warmup", type=int, default=6, help="untimed steps first (default %(default)s)")
+    tr.add_argument("--image-size", type=int, default=64, help="resnet50 input side (default %(default)s)")
+    _common(tr)
+    tr.set_defaults(func=train_command)
     return parser
 
 
@@ -101,18 +94,11 @@ def allreduce_command(args: argparse.Namespace) -> int:
         raise UserError(f"-np {args.np} is not a process count: use 1 or more")
     if args.repeats < 1 or args.rounds < 1:
         raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
-    sizes = parse_sizes(args.sizes)
-    target = _target(args)
-    build = _build()
-    impls, skipped = available([i.strip() for i in args.impls.split(",") if i.strip()], build)
-    worker = ["-m", "hvdkit.bench.allreduce", "--sizes", ",".join(map(str, sizes)), "--repeats", str(args.repeats)]
-    if args.no_resnet:
-        worker.append("--no-resnet")
-    launches = [plan_horovodrun(impl, target, build, tuple(worker + ["--impl", impl])) for impl in impls]
+    target = _target(args, args.np)
+    launches, skipped = plan_allreduce(target, BuildFlags.detect(), list(_names(args.impls)),
+                                       parse_byte_range(args.sizes), args.repeats, resnet=not args.no_resnet)
     if args.dry_run:
-        for launch in launches:
-            print(launch.shell())
-        return 0
+        return _print_launches(launches)
     started = time.time()
     # Rounds of every implementation in turn: on a shared machine the noise
     # comes in bursts of seconds, which would otherwise hit one implementation.
@@ -120,30 +106,39 @@ def allreduce_command(args: argparse.Namespace) -> int:
     rows = report.allreduce_rows(payloads)
     machine = report.machine_line(payloads[0]) if payloads else "?"
     title = f"allreduce, {args.np} processes on {len(target.hosts.hosts)} host(s); {machine}"
-    data = results_data("allreduce", payloads, started, skipped, failures, rows, np=args.np,
-                        hosts=target.hosts.names, rounds=args.rounds,
-                        env={p["impl"]: p.get("env", {}) for p in payloads})
-    return write_results(args, data, title, report.plot_allreduce, report.allreduce_table(rows))
+    data = report.results_data("allreduce", payloads, started, skipped, failures, rows, np=args.np,
+                               hosts=target.hosts.names, rounds=args.rounds,
+                               env={p["impl"]: p.get("env", {}) for p in payloads})
+    return _finish(args, data, title, report.allreduce_table(rows), report.plot_allreduce)
 
 
-def results_data(kind: str, payloads: list[dict], started: float, skipped: dict, failures: list[str],
-                 rows: list[dict], **fields) -> dict:
-    """The JSON a bench writes: what ran, on which machine, when, what was skipped or failed, and the rows."""
-    return {"kind": kind, **fields, "machine": payloads[0]["machine"] if payloads else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), "skipped": skipped,
-            "failures": failures, "launches": [p["launch"] for p in payloads], "rows": rows}
+def train_command(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise UserError(f"--repeats {args.repeats}: use 1 or more")
+    np_list = _np_list(args.np_list)
+    bench = TrainBench(models=_names(args.models), impls=_names(args.impls), batch_size=args.batch_size,
+                       steps=args.steps, warmup=args.warmup, image_size=args.image_size)
+    launches, skipped = plan_train([_target(args, np) for np in np_list], BuildFlags.detect(), bench)
+    if args.dry_run:
+        return _print_launches(launches)
+    started = time.time()
+    # Rounds of every launch in turn, so slow drift on a shared machine hits all implementations alike.
+    payloads, failures = run_launches(launches * args.repeats, args.timeout, desc="train")
+    rows = train_rows(payloads)
+    machine = report.machine_line(payloads[0]) if payloads else "?"
+    data = report.results_data("train", payloads, started, skipped, failures, rows, np=np_list)
+    return _finish(args, data, f"training step; {machine}", train_table(rows), plot_train)
 
 
-def write_results(args: argparse.Namespace, data: dict, title: str, plot, table: str) -> int:
-    """<kind>.json, .csv, .txt (the table) and .png under --out; the table (or --json) on stdout; failures on stderr, exit 1."""
-    kind, rows = data["kind"], data["rows"]
-    out = report.ensure_dir(args.out)
-    report.write_json(os.path.join(out, f"{kind}.json"), data)
-    report.write_csv(os.path.join(out, f"{kind}.csv"), rows)
-    with open(os.path.join(out, f"{kind}.txt"), "w") as f:
-        f.write(f"{title}\n{table}\n")
-    if rows:
-        plot(os.path.join(out, f"{kind}.png"), rows, title)
+def _print_launches(launches) -> int:
+    for launch in launches:
+        print(launch.shell())
+    return 0
+
+
+def _finish(args: argparse.Namespace, data: dict, title: str, table: str, plot) -> int:
+    """Write the files, print the table (or --json) and the skips; failures on stderr, exit 1."""
+    report.write_results(args.out, data, title, table, plot)
     if args.json:
         print(json.dumps(data))
     else:
@@ -151,7 +146,7 @@ def write_results(args: argparse.Namespace, data: dict, title: str, plot, table:
         print(table)
         for impl, why in data["skipped"].items():
             print(f"skipped {impl}: {why}")
-        print(f"wrote {out}/{kind}.csv, .json, .txt, .png")
+        print(f"wrote {args.out}/{data['kind']}.csv, .json, .txt, .png")
     for failure in data["failures"]:
         print(f"hvdkit bench: error: {failure}", file=sys.stderr)
     return 1 if data["failures"] else 0

@@ -9,15 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from hvdkit.cli.hosts import add_host_arguments, spec_from_args
+from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, spec_from_args
 from hvdkit.core.doctor import DoctorConfig, render, run_doctor
-
-
-def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
-    """horovodrun's ssh and network options (shared by doctor and launch)."""
-    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port on every host (horovodrun -p)")
-    parser.add_argument("-i", "--ssh-identity-file", help="private key for ssh (horovodrun --ssh-identity-file)")
-    parser.add_argument("--network-interface", help="interface for Horovod traffic, e.g. eth0")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

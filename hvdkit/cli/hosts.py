@@ -36,6 +36,13 @@ def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False)
                                 "runs (e.g. examples/discover_hosts.sh)")
 
 
+def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's ssh and network options (doctor, launch, bench)."""
+    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port on every host (horovodrun -p)")
+    parser.add_argument("-i", "--ssh-identity-file", help="private key for ssh (horovodrun --ssh-identity-file)")
+    parser.add_argument("--network-interface", help="interface for Horovod traffic, e.g. eth0")
+
+
 def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> HostSpec:
     env = os.environ if env is None else env
     if args.hostfile:

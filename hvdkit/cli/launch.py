@@ -9,26 +9,18 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import signal
 import subprocess
 import sys
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
-import hvdkit
-from hvdkit.cli.doctor import add_ssh_arguments
-from hvdkit.cli.hosts import add_host_arguments, default_np, spec_from_args
+from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, default_np, spec_from_args
 from hvdkit.core.argtypes import positive_int
-from hvdkit.core.doctor import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
-from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, is_this_machine, parse_discovery_output, rank_layout
+from hvdkit.core.hosts import rank_layout
 from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
-
-DISCOVERY_TIMEOUT_S = 30
+from hvdkit.core.remote import discover_hosts, horovodrun_path, quick_check
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -62,56 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def quick_check(hosts: list[str], port: int | None, identity: str | None, python: str = sys.executable) -> None:
-    """Every remote host answers ssh and has this hvdkit version at the same path; raise naming the first that does not.
-
-    The version matters: ranks built from different checkouts can disagree
-    on defaults or on what they broadcast, and fail far from the cause.
-    """
-    remote = [h for h in hosts if not is_this_machine(h)]
-    probe = f"{shlex.quote(python)} -c 'import hvdkit; print(hvdkit.__version__)'"
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
-        results = list(pool.map(lambda h: run_bounded(ssh_argv(h, probe, port, identity), SSH_CONNECT_TIMEOUT_S + 10),
-                                remote))
-    for host, (rc, out, err) in zip(remote, results):
-        last = last_line(err, rc)
-        if rc in (124, 255) or (rc == 127 and last.startswith("[Errno")):   # ssh itself failed (or is missing)
-            raise UserError(f"ssh to {host} failed ({last}): {ssh_fix_hint(host, err, port)}; "
-                            "'hvdkit doctor' checks everything")
-        if rc != 0:
-            raise UserError(f"hvdkit is not importable at {python} on {host} ({last}): install it there with "
-                            "scripts/install.sh at the same path (or use the same image)")
-        version = out.strip()
-        if version != hvdkit.__version__:
-            raise UserError(f"{host} has hvdkit {version}, this machine {hvdkit.__version__}: run scripts/install.sh "
-                            f"on {host} from the same checkout (or use the same image); 'hvdkit doctor' compares all versions")
-
-
-def discover_hosts(script: str, default_slots: int | None = None) -> HostSpec:
-    """Run an elastic job's discovery script once, as horovodrun will, and parse what it prints.
-
-    horovodrun runs it again every second; a script that fails now would fail
-    the job at start-up, after the workers' ssh set-up, with a less clear message.
-    """
-    if not os.path.isfile(script):
-        raise UserError(f"discovery script {script!r} does not exist: check the path (e.g. examples/discover_hosts.sh)")
-    if not os.access(script, os.X_OK):
-        raise UserError(f"discovery script {script!r} is not executable: chmod +x {shlex.quote(script)}")
-    rc, out, err = run_bounded([os.path.abspath(script)], DISCOVERY_TIMEOUT_S)
-    if rc != 0:
-        last = last_line(err, rc)
-        raise UserError(f"discovery script {script} failed ({last}): run it by hand and fix it; "
-                        "it must print host:slots lines and exit 0")
-    return parse_discovery_output(out, script, default_slots)
-
-
 def command(args: argparse.Namespace) -> int:
     cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
     check_command(cmd)
-    build, error = probe_horovod()
-    if build is None:
-        raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
-    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    build = BuildFlags.detect()
     script = args.host_discovery_script
     if args.slots is not None and not script:
         raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
@@ -123,10 +69,10 @@ def command(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(np=np, hosts=hosts, command=cmd, controller=args.controller,
                        ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                        network_interface=args.network_interface,
-                       horovodrun=launcher if os.path.exists(launcher) else "horovodrun",
+                       horovodrun=horovodrun_path(),
                        min_np=args.min_np, max_np=args.max_np, discovery_script=script,
                        elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit, slots=args.slots)
-    plan = plan_launch(cfg, BuildFlags(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"]))
+    plan = plan_launch(cfg, build)
     if not args.no_check and not args.dry_run:
         quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)

@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-from hvdkit.bench.report import _pyplot, human_bytes
+from hvdkit.bench.calibrate import calibrate_network, train_compute
+from hvdkit.bench.report import human_bytes, plot_plan
+from hvdkit.core.console import text_table
 from hvdkit.core.errors import UserError
-from hvdkit.core.plan import Network, Workload, fit_network, predict, ring_allreduce_s
-
-RESNET50_PARAMS = 25_557_032
-
-
-def _count(text: str) -> float:
-    units = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
-    t = text.strip().upper()
-    unit = t[-1] if t and t[-1] in "KMBG" else ""
-    try:
-        return float(t[:-1] if unit else t) * units[unit]
-    except ValueError:
-        raise UserError(f"parameter count {text!r} is not understood: write e.g. 25.6M or 1.5B") from None
+from hvdkit.core.plan import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
+from hvdkit.core.units import parse_count
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -51,41 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _load(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist: run hvdkit bench first (--out sets the directory)") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not a bench result ({exc}): rerun hvdkit bench") from None
-
-
-def calibrate_network(directory: str, impl: str) -> tuple[Network, int]:
-    data = _load(os.path.join(directory, "allreduce.json"))
-    rows = [r for r in data.get("rows", []) if r["impl"] == impl and r["case"] == "sweep"]
-    if not rows:
-        have = sorted({r["impl"] for r in data.get("rows", [])})
-        raise UserError(f"{directory}/allreduce.json has no {impl!r} sweep: pick --impl from {', '.join(have) or 'none'}")
-    n = rows[0]["np"]
-    return fit_network([(r["bytes"], r["median_s"]) for r in rows], n), n
-
-
-def train_compute(directory: str, impl: str, model: str) -> dict | None:
-    """The bench train row for ``impl``/``model`` at its largest process count (None if there is none)."""
-    path = os.path.join(directory, "train.json")
-    if not os.path.exists(path):
-        return None
-    rows = [r for r in _load(path).get("rows", []) if r["impl"] == impl and r["model"] == model]
-    return max(rows, key=lambda r: r["np"]) if rows else None
-
-
 def command(args: argparse.Namespace) -> int:
     gpus = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
     if not gpus or gpus[0] < 1:
         raise UserError(f"--gpus {args.gpus!r}: give worker counts of 1 or more, e.g. 1,8,16,512")
     notes, check = [], None
-    params = _count(args.params) if args.params else RESNET50_PARAMS
+    params = parse_count(args.params) if args.params else RESNET50_PARAMS
     compute_s = args.compute_ms / 1e3 if args.compute_ms else None
     if args.calibrate:
         net, fitted_np = calibrate_network(args.calibrate, args.impl)
@@ -119,7 +80,7 @@ def command(args: argparse.Namespace) -> int:
                    "bandwidth_GBps": net.bandwidth / 1e9, "latency_us": net.latency * 1e6, "overlap": args.overlap,
                    "notes": notes}
     if args.plot:
-        _plot(args.plot, preds, assumptions)
+        plot_plan(args.plot, preds, assumptions)
     if args.json:
         print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
         return 0
@@ -132,8 +93,7 @@ def command(args: argparse.Namespace) -> int:
     lines = [header] + [[str(p.workers), f"{p.ring_comm_s * 1e3:.1f}", f"{p.ring_step_s * 1e3:.1f}",
                          f"{p.ring_efficiency:.0%}", f"{p.ps_comm_s * 1e3:.1f}", f"{p.ps_step_s * 1e3:.1f}",
                          f"{p.ps_efficiency:.0%}"] for p in preds]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    print("\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines))
+    print(text_table(lines))
     if check:
         print(f"check against bench train ({check['model']}, np={check['np']}): predicted "
               f"{check['predicted_step_ms']:.1f} ms/step, measured {check['measured_step_ms']:.1f} ms "
@@ -141,22 +101,3 @@ def command(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
-
-
-def _plot(path: str, preds, assumptions: dict) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p.workers for p in preds]
-    ax.plot(xs, [p.ring_efficiency for p in preds], marker="o", label="ring-allreduce")
-    ax.plot(xs, [p.ps_efficiency for p in preds], marker="s", label="parameter server (1 server)")
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("workers (GPUs)")
-    ax.set_ylabel("scaling efficiency")
-    ax.set_title(f"{assumptions['params'] / 1e6:.1f} M params, {assumptions['compute_ms']:.0f} ms compute, "
-                 f"{assumptions['bandwidth_GBps']:.3g} GB/s, {assumptions['latency_us']:.3g} us", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

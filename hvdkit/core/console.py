@@ -1,4 +1,4 @@
-"""Rank-aware console output: rank-tagged logging and a rank-0 progress bar.
+"""Console output: rank-tagged logging, a rank-0 progress bar, and aligned text tables.
 
 Example::
 
@@ -65,3 +65,16 @@ def progress(iterable: Iterable[T], rank: int, desc: str = "", total: int | None
         options.update(leave=False)
     options.update(tqdm_kwargs)
     return tqdm(iterable, **options)
+
+
+def text_table(rows: list[list[str]] | list[tuple[str, ...]], align: str = "") -> str:
+    """Rows of cells as aligned columns two spaces apart, a row a line.
+
+    ``align`` has one letter a column, ``l`` or ``r`` (missing letters mean
+    ``r``: numbers line up). Short rows are allowed; trailing spaces are cut.
+    """
+    columns = max((len(row) for row in rows), default=0)
+    widths = [max((len(row[i]) for row in rows if i < len(row)), default=0) for i in range(columns)]
+    align = align.ljust(columns, "r")
+    return "\n".join("  ".join(cell.ljust(w) if a == "l" else cell.rjust(w)
+                               for cell, w, a in zip(row, widths, align)).rstrip() for row in rows)

@@ -15,18 +15,18 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from hvdkit.core.console import text_table
 from hvdkit.core.envreport import EnvReport, collect
-from hvdkit.core.hosts import LOCAL_NAMES, HostSpec, to_hosts_string
+from hvdkit.core.hosts import LOCAL_NAMES, HostSpec
+from hvdkit.core.launch import BuildFlags, LaunchConfig, plan_launch
+from hvdkit.core.remote import SSH_CONNECT_TIMEOUT_S, horovodrun_path, last_line, run_bounded, ssh_argv, ssh_fix_hint
 
-SSH_CONNECT_TIMEOUT_S = 5
 REMOTE_TIMEOUT_S = 60
 ALLREDUCE_TIMEOUT_S = 90
 # Compared across hosts: a mismatch in any of these breaks or skews a job.
@@ -65,46 +65,6 @@ class DoctorReport:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "seconds": round(self.seconds, 2), "network_interface": self.network_interface,
                 "checks": [asdict(c) for c in self.checks]}
-
-
-def ssh_argv(host: str, remote_command: str, port: int | None, identity: str | None) -> list[str]:
-    """ssh with the options horovodrun uses, plus batch mode and a connect timeout."""
-    argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
-    if port is not None:
-        argv += ["-p", str(port)]
-    if identity:
-        argv += ["-i", identity]
-    return argv + [host, remote_command]
-
-
-def run_bounded(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        return out.returncode, out.stdout, out.stderr
-    except subprocess.TimeoutExpired:
-        return 124, "", f"no answer within {timeout:.0f}s"
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
-
-
-def last_line(err: str, rc: int) -> str:
-    """The last line a failed command wrote to stderr (usually its reason), or its exit status."""
-    return (err.strip().splitlines() or [f"exit {rc}"])[-1]
-
-
-def ssh_fix_hint(host: str, err: str, port: int | None) -> str:
-    p = port or 22
-    if "Connection refused" in err:
-        return f"nothing listens on {host}:{p}: start sshd there, or pass the port it uses with -p"
-    if "Permission denied" in err:
-        return f"{host} refused the key: add your public key to {host}:~/.ssh/authorized_keys or pass -i KEY"
-    if "Could not resolve" in err or "Name or service not known" in err:
-        return f"{host} does not resolve: add it to /etc/hosts or DNS on the driver"
-    if "timed out" in err or "no answer" in err or "No route" in err:
-        return f"{host} did not answer: check that it is up and reachable from this machine"
-    return f"make 'ssh -p {p} {host} true' work without a prompt"
 
 
 def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> tuple[list[Check], EnvReport | None]:
@@ -189,15 +149,11 @@ def common_interface(reports: dict[str, EnvReport], requested: str | None,
 
 
 def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
-    launcher = os.path.join(os.path.dirname(cfg.python), "horovodrun")
-    argv = [launcher if os.path.exists(launcher) else "horovodrun", "-np", str(cfg.hosts.total_slots), "-H", to_hosts_string(cfg.hosts), "--gloo"]
-    if cfg.ssh_port is not None:
-        argv += ["-p", str(cfg.ssh_port)]
-    if cfg.ssh_identity_file:
-        argv += ["--ssh-identity-file", cfg.ssh_identity_file]
-    if interface:
-        argv += ["--network-interface", interface]
-    argv += [cfg.python, "-m", "hvdkit.torch.selfcheck"]
+    """A one-float allreduce over every slot (``python -m hvdkit.selfcheck``, on Gloo, as a job would launch)."""
+    launch = LaunchConfig(np=cfg.hosts.total_slots, hosts=cfg.hosts, command=(cfg.python, "-m", "hvdkit.selfcheck"),
+                          controller="gloo", ssh_port=cfg.ssh_port, ssh_identity_file=cfg.ssh_identity_file,
+                          network_interface=interface, horovodrun=horovodrun_path(cfg.python))
+    argv = list(plan_launch(launch, BuildFlags(mpi=False, gloo=True)).argv)
     start = time.time()
     rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
     lines = [line for line in out.splitlines() if "hvdkit-selfcheck" in line]
@@ -233,8 +189,5 @@ def render(report: DoctorReport) -> str:
     rows = [("host", "check", "result", "detail / fix")]
     for c in report.checks:
         rows.append((c.host, c.name, "pass" if c.ok else "FAIL", c.detail + (f"  -> {c.fix}" if c.fix else "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
     verdict = "all checks passed" if report.ok else f"{sum(not c.ok for c in report.checks)} check(s) failed"
-    lines.append(f"{verdict} in {report.seconds:.1f}s")
-    return "\n".join(lines)
+    return f"{text_table(rows, align='llll')}\n{verdict} in {report.seconds:.1f}s"

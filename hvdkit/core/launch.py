@@ -15,6 +15,7 @@ import shlex
 import signal
 from dataclasses import dataclass, field
 
+from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import HostSpec, RankPlacement, check_np, to_hosts_string
 
@@ -27,6 +28,14 @@ class BuildFlags:
 
     mpi: bool
     gloo: bool
+
+    @classmethod
+    def detect(cls) -> BuildFlags:
+        """The installed Horovod's controllers; UserError naming the fix when Horovod is not usable."""
+        build, error = probe_horovod()
+        if build is None:
+            raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
+        return cls(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"])
 
 
 @dataclass(frozen=True)

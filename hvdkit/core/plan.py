@@ -33,6 +33,9 @@ from dataclasses import asdict, dataclass
 from hvdkit.core.errors import UserError
 
 
+RESNET50_PARAMS = 25_557_032   # torchvision resnet50, the default model to plan for
+
+
 @dataclass(frozen=True)
 class Network:
     bandwidth: float  # bytes/s per link, each direction

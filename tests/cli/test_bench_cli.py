@@ -23,7 +23,7 @@ def bench_dir(tmp_path_factory):
     proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,8M,64M", "--repeats", "3", "--rounds", "1",
                   "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "hvdkit/mpi4py" in proc.stdout and "ResNet-50 gradients" in proc.stdout
+    assert "hvdkit/mpi4py" in proc.stdout and "hvdkit/mpi4py-avg" in proc.stdout and "ResNet-50 gradients" in proc.stdout
     proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "8", "--warmup", "2",
                   "--repeats", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -34,7 +34,7 @@ def test_allreduce_bench_runs_every_implementation_on_two_processes(bench_dir):
     data = json.loads((bench_dir / "allreduce.json").read_text())
     assert data["np"] == 2 and not data["failures"]
     impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py"}
+    assert impls == {"hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py", "mpi4py-avg"}
     assert all(r["np"] == 2 for r in data["rows"])
     cases = {(r["impl"], r["case"]) for r in data["rows"]}
     assert ("hvdkit", "resnet50-many") in cases and ("mpi4py", "resnet50-one") in cases

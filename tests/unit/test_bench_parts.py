@@ -9,7 +9,7 @@ from hvdkit.bench.models import MnistNet, ResNet50, resnet50_shapes
 from hvdkit.bench.report import allreduce_rows, allreduce_table, bus_factor
 from hvdkit.bench.results import collect, emit
 from hvdkit.bench.runner import BenchTarget, available, plan_horovodrun
-from hvdkit.cli.bench import parse_sizes
+from hvdkit.core.units import parse_byte_range as parse_sizes
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags
@@ -58,10 +58,13 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert bus_factor(2) == 1.0 and bus_factor(8) == pytest.approx(1.75)
     payloads = [{"impl": i, "label": i, "controller": "mpi", "np": 2,
                  "rows": [{"case": "sweep", "bytes": 1 << 20, "tensors": 1, "times_s": [t, t, 1.0]}]}
-                for i, t in (("hvdkit", 0.001), ("mpi4py", 0.0005))]
+                for i, t in (("hvdkit", 0.001), ("mpi4py", 0.0005), ("mpi4py-avg", 0.0008))]
     rows = allreduce_rows(payloads)
     assert rows[0]["median_s"] == 0.001 and rows[0]["busbw_GBps"] == pytest.approx((1 << 20) / 0.001 / 1e9)
-    assert "50%" in allreduce_table(rows)
+    header, line = allreduce_table(rows).splitlines()[1:3]
+    # hvdkit's share of each reference's bandwidth: 0.5 ms / 1 ms of raw MPI's sum, 0.8 / 1 of sum-then-scale
+    assert header.split()[-2:] == ["hvdkit/mpi4py", "hvdkit/mpi4py-avg"] and line.split()[-2:] == ["50%", "80%"]
+    assert "hvdkit/mpi4py-avg" not in allreduce_table(rows[:2])
 
 
 def test_resnet50_matches_torchvision_and_mnist_net_matches_the_example():
