@@ -12,7 +12,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 GPU_VENV ?= .venv-gpu
 
-.PHONY: install install-gpu demo test test-unit test-cli test-multiproc test-multihost test-gpu-build env bench clean
+.PHONY: install install-gpu demo lint test test-unit test-adapters test-cli test-multiproc test-multihost test-gpu-build \
+	env bench clean
 
 install: $(STAMP)
 
@@ -25,11 +26,18 @@ install-gpu:
 demo: $(STAMP)
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(BIN)/python examples/pytorch_mnist.py $(DEMO_ARGS)
 
-test: $(STAMP)
+# ruff's rules are in pyproject.toml; `make test` lints first, so CI does too.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -m "not gpu_build" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
+test-adapters: $(STAMP)
+	$(BIN)/python -m pytest -m adapters $(PYTEST_ARGS)
 
 test-cli: $(STAMP)
 	$(BIN)/python -m pytest -m cli $(PYTEST_ARGS)

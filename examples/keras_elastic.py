@@ -49,7 +49,7 @@ model = keras.Sequential([keras.Input((28 * 28,)), keras.layers.Dense(128, activ
                           keras.layers.Dense(10, activation="softmax")])
 optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(args.lr), momentum=0.9))  # hvdkit:
 model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-state = hk.elastic.KerasState(model, optimizer, base_lr=args.lr, commit_every=args.commit_every,  # hvdkit:
+state = hk.elastic.ElasticState(model, optimizer, base_lr=args.lr, commit_every=args.commit_every,  # hvdkit:
                               seed=args.seed)
 state.register_commit_callbacks([  # hvdkit: rank 0 reports each commit
     lambda s: hk.current().is_main and print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}",

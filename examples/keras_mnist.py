@@ -37,7 +37,7 @@ from hvdkit.core.datasets import DatasetError, load_dataset  # noqa: E402
 try:
     data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
 except DatasetError as exc:
-    raise SystemExit(f"error: {exc}")
+    raise SystemExit(f"error: {exc}") from None
 
 # The backend must be chosen before Keras is imported.
 if args.backend == "tf_keras":

@@ -30,7 +30,8 @@ def parse_args():
     p.add_argument("--epochs", type=positive_int, default=10)
     p.add_argument("--batch-size", type=positive_int, default=16, help="per process")
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
-    p.add_argument("--commit-every", type=positive_int, default=1, help="steps between commits (a commit copies the state)")
+    p.add_argument("--commit-every", type=positive_int, default=1, help="steps between commits (a commit copies "
+                                                                        "the state)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
@@ -42,7 +43,7 @@ def main():
     try:
         data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
     except DatasetError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     train_set = TensorDataset(torch.from_numpy(data.x_train).flatten(1), torch.from_numpy(data.y_train))
     test_set = TensorDataset(torch.from_numpy(data.x_test).flatten(1), torch.from_numpy(data.y_test))
     train_loader = hk.elastic.elastic_loader(train_set, args.batch_size, seed=args.seed)  # hvdkit: re-shards on resize

@@ -50,7 +50,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint", default=None,
                    help="save after every epoch: a file, or a directory ending in '/' (newest 3 kept)")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint (a directory: its newest good one)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (in a directory: the newest good one)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
@@ -68,7 +69,7 @@ def main():
     try:
         data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
     except DatasetError as exc:
-        raise SystemExit(f"error: {exc}")
+        raise SystemExit(f"error: {exc}") from None
     train_set = TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))
     test_set = TensorDataset(torch.from_numpy(data.x_test).unsqueeze(1), torch.from_numpy(data.y_test))
     train_loader = hk.distributed_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)  # hvdkit: shard
@@ -83,7 +84,7 @@ def main():
         try:
             extra = hk.load_checkpoint(args.checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load
         except hk.CheckpointError as exc:
-            raise SystemExit(f"error: {exc}")
+            raise SystemExit(f"error: {exc}") from None
         # Saved at an epoch's end, or mid-epoch when the job was preempted.
         start_epoch, start_batch = extra["epoch"], extra.get("batch", per_epoch)
         if start_batch >= per_epoch:

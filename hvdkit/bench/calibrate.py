@@ -30,7 +30,8 @@ def calibrate_network(directory: str, impl: str) -> tuple[Network, int]:
     rows = [r for r in data.get("rows", []) if r["impl"] == impl and r["case"] == "sweep"]
     if not rows:
         have = sorted({r["impl"] for r in data.get("rows", [])})
-        raise UserError(f"{directory}/allreduce.json has no {impl!r} sweep: pick --impl from {', '.join(have) or 'none'}")
+        raise UserError(f"{directory}/allreduce.json has no {impl!r} sweep: pick --impl from "
+                        f"{', '.join(have) or 'none'}")
     n = rows[0]["np"]
     return fit_network([(r["bytes"], r["median_s"]) for r in rows], n), n
 

@@ -149,7 +149,8 @@ def plot_allreduce(path: str, rows: list[dict], title: str) -> None:
 def machine_line(payload: dict) -> str:
     m = payload.get("machine", {})
     gpu = m.get("gpu") or "no GPU"
-    return f"{m.get('host', '?')}: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB, {gpu}"
+    return (f"{m.get('host', '?')}: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+            f"{m.get('memory_gib', '?')} GiB, {gpu}")
 
 
 

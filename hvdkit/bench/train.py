@@ -34,7 +34,6 @@ from hvdkit.bench.models import MODELS
 from hvdkit.bench.results import emit, launcher_world, machine
 
 
-
 def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
     """The examples' digits data for ``mnist``; seeded synthetic images for ``resnet50``."""
     if model == "mnist":
@@ -100,7 +99,8 @@ class HorovodJob(HvdkitJob):
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        sampler = DistributedSampler(data, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0, drop_last=True)
+        sampler = DistributedSampler(data, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=0,
+                                     drop_last=True)
         return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
 
 

@@ -53,7 +53,8 @@ def train_table(rows: list[dict]) -> str:
               "vs horovod"]
     lines = [header]
     for r in sorted(rows, key=lambda r: (r["model"], r["np"], r["impl"])):
-        ref = next((x for x in rows if x["model"] == r["model"] and x["np"] == r["np"] and x["impl"] == "horovod"), None)
+        ref = next((x for x in rows
+                    if x["model"] == r["model"] and x["np"] == r["np"] and x["impl"] == "horovod"), None)
         lines.append([r["model"], str(r["np"]), r["impl"], f"{r['samples_per_s']:.1f}", f"{r['step_ms']:.1f}",
                       *[f"{r[f'{ph}_share']:.0%}" + ("*" if ph == "allreduce" and r["allreduce_estimated"] else "")
                         for ph in PHASES],

@@ -50,7 +50,8 @@ def _target(args: argparse.Namespace, np: int) -> BenchTarget:
 def _common(parser: argparse.ArgumentParser) -> None:
     add_host_arguments(parser)
     add_ssh_arguments(parser)
-    parser.add_argument("--out", default="bench-results", help="directory for the CSV, JSON and PNG (default %(default)s)")
+    parser.add_argument("--out", default="bench-results", help="directory for the CSV, JSON and PNG (default "
+                                                               "%(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per launch (default %(default)g)")
     parser.add_argument("--dry-run", action="store_true", help="print the launches, run nothing")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -64,7 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion")
     ar.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="processes (default %(default)s)")
-    ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default %(default)s)")
+    ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default "
+                                                       "%(default)s)")
     ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size in each launch (median taken)")
     ar.add_argument("--rounds", type=int, default=3,
                     help="launches of every implementation, interleaved; the median over rounds is reported")

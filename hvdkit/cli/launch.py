@@ -26,7 +26,8 @@ from hvdkit.core.remote import discover_hosts, horovodrun_path, quick_check
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
                             description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
-                                        "check the hosts answer over ssh with this hvdkit version, print the command, run it.")
+                                        "check the hosts answer over ssh with this hvdkit version, print the "
+                                        "command, run it.")
     parser.add_argument("-np", "--num-proc", dest="np", type=positive_int,
                         help="number of processes (elastic: to start with; in a Slurm allocation "
                              "default $SLURM_NTASKS)")

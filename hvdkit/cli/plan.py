@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict step time and scaling: ring-allreduce vs parameter server",
                        description="First-principles cost model for data-parallel training; "
                                    "--calibrate fits it to hvdkit bench results.")
-    p.add_argument("--params", default=None, help=f"model parameters, e.g. 25.6M (default: ResNet-50, {RESNET50_PARAMS:,})")
+    p.add_argument("--params", default=None, help="model parameters, e.g. 25.6M (default: ResNet-50, "
+                                                  f"{RESNET50_PARAMS:,})")
     p.add_argument("--bytes-per-param", type=float, default=4, help="gradient bytes per parameter (4 fp32, 2 fp16)")
     p.add_argument("--compute-ms", type=float, default=None, help="one worker's step without communication (ms)")
     p.add_argument("--bandwidth", type=float, default=None, help="link bandwidth, GB/s per direction (12.5 = 100 Gb/s)")

@@ -162,7 +162,8 @@ class CheckpointDir:
                     return Selection(path, payload, skipped)
             skipped.append((path, reason))
         if not skipped:
-            raise FileNotFoundError(f"no checkpoints in {self.directory!r}: check the directory, or start without --resume")
+            raise FileNotFoundError(f"no checkpoints in {self.directory!r}: check the directory, or start "
+                                    "without --resume")
         detail = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
         raise ValueError(f"no usable checkpoint in {self.directory!r} ({detail}): restore one from a backup "
                          "or start without --resume")
@@ -182,7 +183,8 @@ def save_to(path: str | os.PathLike, write: Callable[[BinaryIO], None], suffix: 
     """Save to a file (with checksum), or into a checkpoint directory as ``ckpt-<step>``."""
     if is_directory_target(path):
         if step is None:
-            raise CheckpointError(f"{os.fspath(path)!r} is a directory: pass step= (e.g. the epoch) to name the checkpoint")
+            raise CheckpointError(f"{os.fspath(path)!r} is a directory: pass step= (e.g. the epoch) to name the "
+                                  "checkpoint")
         return CheckpointDir(path, suffix, keep_last=keep_last).save(step, write)
     if keep_last is not None:
         raise CheckpointError("keep_last needs a checkpoint directory: pass a path ending in '/'")
@@ -210,3 +212,23 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
             raise CheckpointError(f"checkpoint {path!r} is corrupt ({reason}): restore an older checkpoint, "
                                   "or save into a directory so resume falls back automatically")
     return path, read(path)
+
+
+def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: str, *, is_root: bool,
+                 broadcast: Callable[[Any], Any]) -> Any:
+    """The root reads the checkpoint (:func:`read_from`) and ``broadcast`` hands every rank its payload.
+
+    A failure travels in the same broadcast, so every rank raises the same
+    :class:`CheckpointError` and none is left waiting for a payload.
+    ``broadcast(obj)`` is the framework's broadcast_object from the root.
+    """
+    message = None
+    if is_root:
+        try:
+            message = ("ok", read_from(path, read, suffix)[1])
+        except CheckpointError as exc:
+            message = ("error", str(exc))
+    status, body = broadcast(message)
+    if status == "error":
+        raise CheckpointError(body)
+    return body

@@ -104,12 +104,14 @@ def read_idx(path: str) -> np.ndarray:
     shape = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
     data = np.frombuffer(raw, dtype=dtype, offset=4 + 4 * ndim)
     if data.size != int(np.prod(shape)):
-        raise DatasetError(f"{path} is truncated ({data.size} of {int(np.prod(shape))} values): delete it and re-download")
+        raise DatasetError(f"{path} is truncated ({data.size} of {int(np.prod(shape))} values): delete it and "
+                           "re-download")
     return data.reshape(shape)
 
 
 def _find_idx(data_dir: str, stem: str) -> str | None:
-    for candidate in (stem, stem + ".gz", os.path.join("MNIST", "raw", stem), os.path.join("MNIST", "raw", stem + ".gz")):
+    raw = os.path.join("MNIST", "raw", stem)
+    for candidate in (stem, stem + ".gz", raw, raw + ".gz"):
         path = os.path.join(data_dir, candidate)
         if os.path.exists(path):
             return path
@@ -121,7 +123,8 @@ def download_mnist(data_dir: str, timeout: float = 30.0) -> None:
     try:
         os.makedirs(data_dir, exist_ok=True)
     except OSError as exc:
-        raise DatasetError(f"cannot create data dir {data_dir!r} ({exc.strerror}): choose a writable --data-dir") from None
+        raise DatasetError(f"cannot create data dir {data_dir!r} ({exc.strerror}): "
+                           "choose a writable --data-dir") from None
     for stem in MNIST_FILES.values():
         if _find_idx(data_dir, stem):
             continue

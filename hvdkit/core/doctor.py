@@ -75,7 +75,8 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
         argv = [cfg.python, "-m", "hvdkit", "env", "--json"]
         checks.append(Check(host, "ssh", True, "local host: no ssh needed"))
     else:
-        rc, _, err = run_bounded(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file), SSH_CONNECT_TIMEOUT_S + 10)
+        rc, _, err = run_bounded(ssh_argv(host, "true", cfg.ssh_port, cfg.ssh_identity_file),
+                                 SSH_CONNECT_TIMEOUT_S + 10)
         if rc != 0:
             last = last_line(err, rc)
             checks.append(Check(host, "ssh", False, last, ssh_fix_hint(host, err, cfg.ssh_port)))
@@ -121,7 +122,8 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
     else:
         ok = slots <= report.cpu_count
         checks.append(Check(host, "slots", ok, f"CPU host: {slots} slots, {report.cpu_count} cores",
-                            "" if ok else f"lower {host}'s slots to {report.cpu_count} (its CPU cores) or use a GPU host"))
+                            "" if ok else f"lower {host}'s slots to {report.cpu_count} (its CPU cores) or use a "
+                                          "GPU host"))
     return checks, report
 
 
@@ -141,11 +143,14 @@ def common_interface(reports: dict[str, EnvReport], requested: str | None,
                                                                    for a in r.interfaces[n]))
     if not routable:
         listing = "; ".join(f"{h}: {', '.join(r.interfaces)}" for h, r in reports.items())
-        return Check("*", "network", False, f"no interface name with a routable address is common to all hosts ({listing})",
-                     "give the hosts' interfaces one name, or use NCCL_SOCKET_IFNAME/--network-interface per host"), None
+        return Check("*", "network", False, "no interface name with a routable address is common to all hosts "
+                                            f"({listing})",
+                     "give the hosts' interfaces one name, or use NCCL_SOCKET_IFNAME/--network-interface "
+                     "per host"), None
     if local_only:
         return Check("*", "network", True, "local job: loopback"), None
-    return Check("*", "network", True, f"common: {', '.join(routable)} (use --network-interface {routable[0]})"), routable[0]
+    check = Check("*", "network", True, f"common: {', '.join(routable)} (use --network-interface {routable[0]})")
+    return check, routable[0]
 
 
 def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
@@ -161,7 +166,8 @@ def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
     hosts = sorted({line.split("host=")[1].split()[0] for line in lines})
     detail = (f"{len(lines)} ranks on {', '.join(hosts)} in {time.time() - start:.1f}s" if ok
               else f"exit {rc}: {((err or out).strip().splitlines() or ['no output'])[-1][:200]}")
-    return Check("*", "allreduce", ok, detail, "" if ok else "run the command by hand with --verbose: " + shlex.join(argv))
+    fix = "" if ok else "run the command by hand with --verbose: " + shlex.join(argv)
+    return Check("*", "allreduce", ok, detail, fix)
 
 
 def run_doctor(cfg: DoctorConfig) -> DoctorReport:

@@ -1,6 +1,6 @@
 """What hvdkit's elastic states share, whatever the framework: step counting and commits.
 
-``hvdkit.torch.elastic.ElasticState`` and ``hvdkit.keras.elastic.KerasState``
+``hvdkit.torch.elastic.ElasticState`` and ``hvdkit.keras.elastic.ElasticState``
 mix this into Horovod's state classes (which provide ``save()`` and
 ``check_host_updates()``) and say how a batch is recorded (``_consume``) and
 how an epoch starts (``_start_epoch``).

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from hvdkit.core.errors import UserError
 
 # RFC 1123 host names, or IPv4 addresses.
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$)({_LABEL})(\.{_LABEL})*$")
 _IPV4 = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 

@@ -83,7 +83,8 @@ def choose_controller(requested: str, build: BuildFlags) -> tuple[str, str]:
         raise UserError("--mpi asked for, but Horovod was built without MPI: use --gloo, or rebuild with "
                         "scripts/install.sh after installing OpenMPI")
     if requested == "gloo" and not build.gloo:
-        raise UserError("--gloo asked for, but Horovod was built without Gloo: use --mpi or rebuild with scripts/install.sh")
+        raise UserError("--gloo asked for, but Horovod was built without Gloo: use --mpi or rebuild with "
+                        "scripts/install.sh")
     if requested != "auto":
         return requested, "asked for"
     if build.mpi:
@@ -96,7 +97,8 @@ def choose_controller(requested: str, build: BuildFlags) -> tuple[str, str]:
 def check_command(command: tuple[str, ...], exists=os.path.exists) -> None:
     """The training command must be given, and a script it names must exist."""
     if not command:
-        raise UserError("no training command: put it after '--', e.g. hvdkit launch -np 2 -H localhost:2 -- python train.py")
+        raise UserError("no training command: put it after '--', e.g. hvdkit launch -np 2 -H localhost:2 -- "
+                        "python train.py")
     for arg in command[1:2] if os.path.basename(command[0]).startswith("python") else command[:1]:
         if arg.endswith(".py") and not exists(arg):
             raise UserError(f"script {arg!r} does not exist: check the path (it is resolved on every host "
@@ -115,7 +117,8 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
             reason += f"; {why}"
     else:
         if cfg.hosts is None:
-            raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or --host-discovery-script SCRIPT")
+            raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or "
+                            "--host-discovery-script SCRIPT")
         check_np(cfg.hosts, cfg.np)
         controller, reason = choose_controller(cfg.controller, build)
         argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]

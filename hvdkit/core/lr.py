@@ -13,6 +13,20 @@ Example::
 
 from __future__ import annotations
 
+from hvdkit.core.topology import Topology
+
+REDUCE_OPS = ("average", "sum", "adasum")
+COMPRESSIONS = ("none", "fp16")
+
+
+def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
+    """``op`` and ``compression`` as both adapters take them (any case), lower-cased; ValueError naming the choices."""
+    op_l, compression_l = str(op).lower(), str(compression).lower()
+    if op_l not in REDUCE_OPS or compression_l not in COMPRESSIONS:
+        what = f"unknown op {op!r}" if op_l not in REDUCE_OPS else f"unknown compression {compression!r}"
+        raise ValueError(f"{what}: op is one of {', '.join(REDUCE_OPS)}, compression one of {', '.join(COMPRESSIONS)}")
+    return op_l, compression_l
+
 
 def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int | None = None,
              on_gpu: bool = False) -> float:
@@ -26,7 +40,7 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
         raise ValueError(f"base_lr must be positive, got {base_lr}: pass the single-worker learning rate")
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}: call init() before scale_lr()")
-    op = op.lower()
+    op, _ = reduce_options(op)
     if op == "average":
         return base_lr * size
     if op == "sum":
@@ -38,7 +52,30 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
         if local_size is None:
             raise ValueError("op='adasum' on GPU needs local_size: pass hvd.local_size()")
         return base_lr * local_size
-    raise ValueError(f"unknown op {op!r}: use 'average', 'sum' or 'adasum'")
+    raise AssertionError(op)   # reduce_options admits only the three
+
+
+def scale_lr_for(base_lr: float, ctx: Topology, op: str = "average") -> float:
+    """:func:`scale_lr` for the job ``ctx`` describes (its size, local size, and whether it pinned a GPU)."""
+    return scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size, on_gpu=ctx.gpu is not None)
+
+
+def warmup_steps(warmup_steps: int | None = None, warmup_epochs: float | None = None,
+                 steps_per_epoch: int | None = None) -> int:
+    """Warmup length in optimizer steps, given in steps or in epochs (then ``steps_per_epoch`` is needed)."""
+    if warmup_steps is not None and warmup_epochs is not None:
+        raise ValueError("give warmup_steps or warmup_epochs, not both")
+    if warmup_epochs is not None:
+        if warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}")
+        if not steps_per_epoch or steps_per_epoch < 1:
+            raise ValueError("warmup_epochs needs steps_per_epoch (e.g. len(train_loader)) to count steps")
+        return int(warmup_epochs * steps_per_epoch)
+    if warmup_steps is None:
+        return 0
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    return int(warmup_steps)
 
 
 def warmup_lr(step: int, warmup_steps: int, base_lr: float, target_lr: float) -> float:

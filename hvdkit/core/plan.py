@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass
 
 from hvdkit.core.errors import UserError
 
-
 RESNET50_PARAMS = 25_557_032   # torchvision resnet50, the default model to plan for
 
 
@@ -43,7 +42,8 @@ class Network:
 
     def __post_init__(self):
         if self.bandwidth <= 0:
-            raise UserError(f"bandwidth {self.bandwidth:g} B/s must be positive: e.g. --bandwidth 12.5 (GB/s, 100 Gb/s)")
+            raise UserError(f"bandwidth {self.bandwidth:g} B/s must be positive: "
+                            "e.g. --bandwidth 12.5 (GB/s, 100 Gb/s)")
         if self.latency < 0:
             raise UserError(f"latency {self.latency:g} s must not be negative: e.g. --latency 10 (microseconds)")
 
@@ -59,7 +59,8 @@ class Workload:
             raise UserError("gradient bytes and compute time must be positive: give --params and --compute-ms, "
                             "or --calibrate a bench directory")
         if not 0 <= self.overlap <= 1:
-            raise UserError(f"overlap {self.overlap:g} must lie in 0..1 (the share of compute that hides communication)")
+            raise UserError(f"overlap {self.overlap:g} must lie in 0..1 "
+                            "(the share of compute that hides communication)")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def fit_network(points: list[tuple[float, float]], workers: int) -> Network:
     a = c / (2(N-1)) off the ring formula.
     """
     if workers < 2:
-        raise UserError("calibration needs an allreduce bench with 2 or more processes: run hvdkit bench allreduce -np 2")
+        raise UserError("calibration needs an allreduce bench with 2 or more processes: run hvdkit bench "
+                        "allreduce -np 2")
     pts = [(k, t) for k, t in points if t > 0]
     if len(pts) < 2:
         raise UserError("calibration needs at least 2 message sizes: run hvdkit bench allreduce with --sizes 4K:256M")

@@ -1,6 +1,7 @@
 """Where a process sits in a Horovod job, independent of the framework.
 
-Each adapter's ``init()`` returns a subclass that adds its device.
+Each adapter's ``init()`` returns a subclass that adds its device in the
+framework's own type (``torch.device``, or a TensorFlow device string).
 
 Example::
 
@@ -23,6 +24,7 @@ class Topology:
     local_size: int
     cross_rank: int
     cross_size: int
+    gpu: int | None = None      # the GPU index this process pinned (among the visible ones); None on CPU
 
     @property
     def is_main(self) -> bool:
@@ -31,8 +33,9 @@ class Topology:
 
     @property
     def verbose(self) -> int:
-        """Keras-style verbosity: progress output on rank 0 only."""
-        return 1 if self.rank == 0 else 0
+        """Keras ``verbose=``: one line per epoch on rank 0 (2; a redrawn bar is garbled under
+        horovodrun, which pipes and prefixes every line), nothing on the others (0)."""
+        return 2 if self.rank == 0 else 0
 
 
 def cpu_threads_per_rank(local_size: int) -> int | None:

@@ -11,15 +11,17 @@
 
 Choose the backend with KERAS_BACKEND=tensorflow|torch, or TF_USE_LEGACY_KERAS=1
 for tf-keras, before importing keras. Launch with ``horovodrun -np 2 python train.py``.
+The same names as :mod:`hvdkit.torch` where both have the thing; docs/API.md lists both.
 """
 
-from hvdkit.core.console import get_logger
-from hvdkit.keras.backend import SUPPORTED, BackendError, resolve_backend
+from hvdkit.core.console import get_logger, progress
+from hvdkit.core.preemption import REQUEUE_EXIT_CODE
+from hvdkit.keras import elastic
+from hvdkit.keras.backend import BackendError, resolve_backend
 from hvdkit.keras.callbacks import callbacks
 from hvdkit.keras.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from hvdkit.keras.context import Context, current, init
+from hvdkit.keras.context import Context, current, init, seed_everything
 from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps_per_epoch
-from hvdkit.keras import elastic
 from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
 
 
@@ -34,8 +36,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "SUPPORTED", "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "SyncBatchNormalization",
-    "broadcast_state",
-    "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint", "metric_average", "resolve_backend",
-    "save_checkpoint", "scale_lr", "shard_arrays", "shard_dataset", "steps_per_epoch",
+    "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "REQUEUE_EXIT_CODE",
+    "SyncBatchNormalization",
+    "broadcast_state", "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint",
+    "metric_average", "progress", "resolve_backend", "save_checkpoint", "scale_lr", "seed_everything",
+    "shard_arrays", "shard_dataset", "steps_per_epoch",
 ]

@@ -15,8 +15,6 @@ import json
 import os
 from collections.abc import Mapping
 
-SUPPORTED = ("tensorflow", "torch", "tf_keras")
-
 
 class BackendError(RuntimeError):
     """Keras is configured for a backend Horovod cannot serve."""

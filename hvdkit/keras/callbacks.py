@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from hvdkit.core.lr import warmup_lr
+from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.core.preemption import Preemption
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import save_checkpoint
@@ -31,9 +32,13 @@ log = logging.getLogger("hvdkit.keras")
 RANK0_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 
-def callbacks(*user_callbacks, warmup_epochs: float = 0, broadcast: bool = True,
+def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps: int | None = None,
+              broadcast: bool = True,
               average_metrics: bool = True, root_rank: int = 0, preemption_checkpoint: str | None = None) -> list:
     """The callback list for ``model.fit``: hvdkit's, then ``user_callbacks`` (file writers on rank 0 only).
+
+    Warmup is given in epochs or in steps (batches), as for
+    :func:`hvdkit.torch.warmup_scheduler`; fit's steps per epoch turn epochs into steps.
 
     ``preemption_checkpoint``: a file or directory; when any rank gets SIGTERM or
     SIGUSR1, every rank stops at the next batch end, rank 0 writes a checkpoint
@@ -49,8 +54,12 @@ def callbacks(*user_callbacks, warmup_epochs: float = 0, broadcast: bool = True,
         out.append(classes["BroadcastInitialState"](root_rank))
     if average_metrics:
         out.append(classes["MetricAverage"]())
-    if warmup_epochs > 0:
-        out.append(classes["LearningRateWarmup"](warmup_epochs))
+    if warmup_steps is not None and warmup_epochs is not None:
+        raise ValueError("give warmup_steps or warmup_epochs, not both")
+    if (warmup_epochs or 0) < 0 or (warmup_steps or 0) < 0:
+        raise ValueError(f"warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}: give 0 or more")
+    if warmup_epochs or warmup_steps:
+        out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
     for cb in user_callbacks:
         if ctx.rank != root_rank and type(cb).__name__ in RANK0_ONLY:
             continue
@@ -105,9 +114,9 @@ def _callback_classes(mode: str) -> dict[str, type]:
     class LearningRateWarmup(keras.callbacks.Callback):
         """Per-batch linear warmup from rate/size to the optimizer's (scaled) rate (Goyal et al.)."""
 
-        def __init__(self, warmup_epochs: float):
+        def __init__(self, warmup_epochs: float | None, warmup_steps: int | None = None):
             super().__init__()
-            self.warmup_epochs = warmup_epochs
+            self.warmup_epochs, self.warmup_steps = warmup_epochs, warmup_steps
             self.target = None
             self.epoch = 0
 
@@ -120,7 +129,7 @@ def _callback_classes(mode: str) -> dict[str, type]:
 
         def on_train_batch_begin(self, batch, logs=None):
             steps = self.params.get("steps") or 1
-            total = int(self.warmup_epochs * steps)
+            total = count_warmup_steps(self.warmup_steps, self.warmup_epochs, steps)
             step = self.epoch * steps + batch
             if step <= total:
                 set_learning_rate(self.model.optimizer,

@@ -18,10 +18,10 @@ import os
 import numpy as np
 
 import hvdkit
-from hvdkit.core.checkpoint_files import CheckpointError, read_from, save_to
+from hvdkit.core.checkpoint_files import CheckpointError, read_on_root, save_to
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
-from hvdkit.keras.optimizer import optimizer_variables, ensure_built
+from hvdkit.keras.optimizer import ensure_built, optimizer_variables
 
 FORMAT = "hvdkit.keras/1"
 
@@ -72,15 +72,9 @@ def _read(path: str) -> dict:
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:
     """Rank ``root_rank`` reads ``path``; every rank assigns the same variables. Returns ``extra``."""
     ctx = current()
-    payload = None
-    if ctx.rank == root_rank:
-        try:
-            payload = ("ok", read_from(path, _read, ".npz")[1])
-        except CheckpointError as exc:
-            payload = ("error", str(exc))
-    status, body = for_mode(ctx.backend).broadcast_object(payload, root_rank, name="hvdkit.checkpoint")
-    if status == "error":
-        raise CheckpointError(body)
+    coll = for_mode(ctx.backend)
+    body = read_on_root(path, _read, ".npz", is_root=ctx.rank == root_rank,
+                        broadcast=lambda obj: coll.broadcast_object(obj, root_rank, name="hvdkit.checkpoint"))
     model_vars = list(model.variables)
     if len(model_vars) != len(body["model"]):
         raise CheckpointError(f"checkpoint {os.fspath(path)!r} has {len(body['model'])} model variables but the "

@@ -11,19 +11,20 @@ from abc import ABC, abstractmethod
 from functools import lru_cache
 
 
-def _import_horovod(module: str):
+def import_horovod(module: str):
+    """``module`` of Horovod, or an ImportError that says how to build it."""
     try:
         return __import__(module, fromlist=["init"])
     except ImportError as exc:
-        raise ImportError(f"hvdkit.keras needs {module} ({exc}): run scripts/install.sh, which builds "
-                          "Horovod 0.28.1 with TensorFlow and PyTorch support") from exc
+        raise ImportError(f"hvdkit.keras needs {module} ({exc}): run scripts/install.sh (or `make install`), "
+                          "which builds Horovod 0.28.1 with TensorFlow and PyTorch support") from exc
 
 
 class Collectives(ABC):
     """allreduce/broadcast over the backend's tensors; ``hvd`` is the Horovod module in use."""
 
     def __init__(self, module: str):
-        self.hvd = _import_horovod(module)
+        self.hvd = import_horovod(module)
         self.ops = {"average": self.hvd.Average, "sum": self.hvd.Sum, "adasum": self.hvd.Adasum}
         self.compressions = {"none": self.hvd.Compression.none, "fp16": self.hvd.Compression.fp16}
 

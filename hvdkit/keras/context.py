@@ -4,7 +4,7 @@ Example::
 
     import hvdkit.keras as hk
     ctx = hk.init(seed=42)          # before building the model
-    model.fit(..., verbose=ctx.verbose)
+    model.fit(..., verbose=ctx.verbose)      # 2 (a line per epoch) on rank 0, 0 elsewhere
 """
 
 from __future__ import annotations
@@ -13,18 +13,24 @@ import os
 from dataclasses import dataclass
 
 from hvdkit.core import slurm
-from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
+from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import for_mode
 
 
 @dataclass(frozen=True)
 class Context(Topology):
-    """Where this process sits in the job, the hvdkit Keras mode and the device it uses."""
+    """Where this process sits in the job, the hvdkit Keras mode and the device it uses.
+
+    ``device`` is in the backend's own type: a ``torch.device`` on the torch
+    backend (as in :mod:`hvdkit.torch`), a TensorFlow device string
+    (``"/GPU:0"``, ``"/CPU:0"``) otherwise; ``gpu`` is the pinned GPU's index
+    (None on CPU) on every backend.
+    """
 
     backend: str = "tensorflow"
-    device: str = "cpu"
+    device: object = "/CPU:0"
 
 
 _context: Context | None = None
@@ -46,14 +52,27 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     coll.hvd.init()
     local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
     threads = threads if threads is not None else cpu_threads_per_rank(local_size)
-    device = _pin_torch(local_rank, local_size, threads) if mode == "torch" else _pin_tensorflow(local_rank, local_size, threads)
+    pin = _pin_torch if mode == "torch" else _pin_tensorflow
+    gpu, device = pin(local_rank, local_size, threads)
     _context = Context(
         rank=coll.hvd.rank(), size=coll.hvd.size(), local_rank=local_rank, local_size=local_size,
-        cross_rank=coll.hvd.cross_rank(), cross_size=coll.hvd.cross_size(), backend=mode, device=device,
+        cross_rank=coll.hvd.cross_rank(), cross_size=coll.hvd.cross_size(), gpu=gpu, backend=mode, device=device,
     )
     if seed is not None:
-        keras_module(mode).utils.set_random_seed(seed + _context.rank)
+        seed_everything(seed, rank=_context.rank)
     return _context
+
+
+def seed_everything(seed: int, rank: int | None = None) -> int:
+    """Seed Keras, numpy and Python (and the backend) with ``seed + rank``; returns the seed used.
+
+    As in :func:`hvdkit.torch.seed_everything`: ranks draw different dropout
+    and shuffles; pass ``rank=0`` for the same stream on every rank.
+    """
+    ctx = current()
+    effective = seed + (ctx.rank if rank is None else rank)
+    keras_module(ctx.backend).utils.set_random_seed(effective)
+    return effective
 
 
 def _has_gpu(mode: str) -> bool:
@@ -66,7 +85,7 @@ def _has_gpu(mode: str) -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> str:
+def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> tuple[int | None, str]:
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -74,27 +93,27 @@ def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> st
         gpu = gpu_for_local_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
         tf.config.experimental.set_memory_growth(gpus[gpu], True)
         tf.config.set_visible_devices(gpus[gpu], "GPU")
-        return f"GPU:{gpu}"
+        return gpu, "/GPU:0"   # the only GPU TensorFlow now sees
     if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
         # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
         except RuntimeError:
             pass
-    return "cpu"
+    return None, "/CPU:0"
 
 
-def _pin_torch(local_rank: int, local_size: int, threads: int | None) -> str:
+def _pin_torch(local_rank: int, local_size: int, threads: int | None):
     import torch
 
     if torch.cuda.is_available():
         gpu = gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(),
                                  os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(gpu)
-        return f"cuda:{gpu}"
+        return gpu, torch.device("cuda", gpu)
     if threads is not None:
         torch.set_num_threads(threads)
-    return "cpu"
+    return None, torch.device("cpu")
 
 
 def refresh() -> Context:
@@ -103,13 +122,14 @@ def refresh() -> Context:
     ctx = current()
     hvd = for_mode(ctx.backend).hvd
     _context = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), backend=ctx.backend,
+                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), gpu=ctx.gpu, backend=ctx.backend,
                        device=ctx.device)
     return _context
 
 
 def current() -> Context:
     """The context made by :func:`init`; a clear error if it was not called."""
-    if _context is None:
-        raise RuntimeError("hvdkit.keras.init() has not been called: call ctx = hvdkit.keras.init() before building the model")
+    if _context is None or not for_mode(_context.backend).hvd.is_initialized():
+        raise RuntimeError("hvdkit.keras.init() has not been called: call ctx = hvdkit.keras.init() before "
+                           "building the model")
     return _context

@@ -1,6 +1,6 @@
 """Elastic training for Keras (3 on TensorFlow or PyTorch, and tf-keras): the same ideas as hvdkit.torch.elastic.
 
-    state = hk.elastic.KerasState(model, optimizer, base_lr=0.01)
+    state = hk.elastic.ElasticState(model, optimizer, base_lr=0.01)
 
     @hk.elastic.run
     def train(state):
@@ -23,16 +23,17 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from horovod.common.elastic import ObjectState, run_fn
-from horovod.common.exceptions import HorovodInternalError
 
-from hvdkit.core import lr as core_lr
 from hvdkit.core.elastic import ElasticCommits
+from hvdkit.core.lr import scale_lr_for
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import _numpy
-from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.collectives import for_mode, import_horovod
 from hvdkit.keras.context import current, refresh
 from hvdkit.keras.optimizer import ensure_built, optimizer_variables, set_learning_rate
+
+_elastic = import_horovod("horovod.common.elastic")
+HorovodInternalError = import_horovod("horovod.common.exceptions").HorovodInternalError
 
 
 def run(func):
@@ -58,10 +59,10 @@ def run(func):
         hvd.shutdown()
         hvd.init()
 
-    return run_fn(wrapper, reset)
+    return _elastic.run_fn(wrapper, reset)
 
 
-class KerasState(ElasticCommits, ObjectState):
+class ElasticState(ElasticCommits, _elastic.ObjectState):
     """Model and optimizer variables plus ``epoch``, ``step``, ``consumed`` and any keyword you add."""
 
     def __init__(self, model, optimizer, *, base_lr: float | None = None, commit_every: int = 1, seed: int = 0,
@@ -69,7 +70,7 @@ class KerasState(ElasticCommits, ObjectState):
         self._init_commits(commit_every)
         if not model.built or not model.variables:
             raise ValueError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
-                             "before making its KerasState")
+                             "before making its ElasticState")
         self.model, self.optimizer = model, optimizer
         self._coll = for_mode(current().backend)
         self._base_lr, self._seed = base_lr, seed
@@ -105,8 +106,7 @@ class KerasState(ElasticCommits, ObjectState):
     def _after_reset(self) -> None:
         ctx = refresh()
         if self._base_lr is not None:
-            set_learning_rate(self.optimizer, core_lr.scale_lr(self._base_lr, ctx.size, local_size=ctx.local_size,
-                                                               on_gpu=ctx.device != "cpu"))
+            set_learning_rate(self.optimizer, scale_lr_for(self._base_lr, ctx))
 
     # -- what step_done/epoch_done record (hvdkit.core.elastic) -------------------
     def _consume(self, samples: int) -> None:

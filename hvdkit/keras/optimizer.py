@@ -9,18 +9,10 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.core import lr as core_lr
+from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
-
-OPS = ("average", "sum", "adasum")
-COMPRESSIONS = ("none", "fp16")
-
-
-def _check_options(op: str, compression: str) -> None:
-    if op not in OPS or compression not in COMPRESSIONS:
-        raise ValueError(f"op={op!r}, compression={compression!r}: op is one of {OPS}, compression one of {COMPRESSIONS}")
 
 
 def is_distributed(optimizer) -> bool:
@@ -43,7 +35,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     ``backward_passes_per_step``).
     """
     ctx = current()
-    _check_options(op, compression)
+    op, compression = reduce_options(op, compression)
     if is_distributed(optimizer):
         raise ValueError("optimizer is already distributed: wrap the plain Keras optimizer once")
     coll = for_mode(ctx.backend)
@@ -113,10 +105,8 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:
-    """Step 5: ``base_lr`` times the number of workers (see :func:`hvdkit.core.lr.scale_lr`)."""
-    ctx = current()
-    return core_lr.scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size,
-                            on_gpu=ctx.device != "cpu")
+    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; see :func:`hvdkit.core.lr.scale_lr`)."""
+    return scale_lr_for(base_lr, current(), op)
 
 
 def set_learning_rate(optimizer, value: float) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hvdkit.keras.backend import keras_module, resolve_backend
+from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import for_mode
 
 

@@ -10,23 +10,32 @@
     hk.save_checkpoint("ckpt.pt", model, optimizer, epoch=epoch)  # 6 (rank 0 only)
 
 Launch with ``horovodrun -np 2 python train.py``.
+The same names as :mod:`hvdkit.keras` where both have the thing; docs/API.md lists both.
 """
 
 from hvdkit.core.console import get_logger, progress
+from hvdkit.torch import elastic
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
 from hvdkit.torch.data import (
-    ResumableDistributedSampler, ShardSampler, allreduce_sum, distributed_loader, eval_loader,
-    evaluate, metric_average,
+    ResumableDistributedSampler,
+    ShardSampler,
+    allreduce_sum,
+    distributed_loader,
+    eval_loader,
+    evaluate,
+    metric_average,
 )
-from hvdkit.torch import elastic
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 from hvdkit.torch.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 
+SyncBatchNorm = hvd.SyncBatchNorm
+"""Horovod's ``torch.nn`` BatchNorm with statistics over all ranks (Keras: ``SyncBatchNormalization``)."""
+
 __all__ = [
     "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "ResumableDistributedSampler", "ShardSampler",
+    "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm",
     "allreduce_sum", "broadcast_state", "current", "distributed_loader", "elastic", "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
     "scale_lr", "seed_everything", "step", "warmup_scheduler",

@@ -18,7 +18,7 @@ import os
 import torch
 
 import hvdkit
-from hvdkit.core.checkpoint_files import CheckpointError, read_from, save_to
+from hvdkit.core.checkpoint_files import CheckpointError, read_on_root, save_to
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 from hvdkit.torch.tensors import to_cpu
@@ -75,19 +75,13 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
     is left waiting in a broadcast).
     """
-    current()
-    payload = None
-    if hvd.rank() == root_rank:
-        try:
-            payload = ("ok", read_from(path, _read, ".pt")[1])
-        except CheckpointError as exc:
-            payload = ("error", str(exc))
-    status, body = hvd.broadcast_object(payload, root_rank=root_rank, name="hvdkit.checkpoint")
-    if status == "error":
-        raise CheckpointError(body)
+    ctx = current()
+    body = read_on_root(path, _read, ".pt", is_root=ctx.rank == root_rank,
+                        broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=root_rank, name="hvdkit.checkpoint"))
     model.load_state_dict(body["model"])
     if optimizer is not None:
         if body["optimizer"] is None:
-            raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no optimizer state: pass optimizer=None to load the model only")
+            raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no optimizer state: pass optimizer=None "
+                                  "to load the model only")
         optimizer.load_state_dict(body["optimizer"])
     return body["extra"]

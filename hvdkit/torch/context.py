@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from hvdkit.core import slurm
-from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
+from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.torch._horovod import hvd
 
 
 @dataclass(frozen=True)
 class Context(Topology):
-    """Where this process sits in the job (see :class:`hvdkit.core.topology.Topology`) and its device."""
+    """Where this process sits in the job (see :class:`hvdkit.core.topology.Topology`) and its ``torch.device``."""
 
     device: torch.device = torch.device("cpu")
 
@@ -54,14 +54,14 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
         torch.cuda.set_device(gpu)
         device = torch.device("cuda", gpu)
     else:
-        device = torch.device("cpu")
+        gpu, device = None, torch.device("cpu")
     if threads is None and device.type == "cpu":
         threads = cpu_threads_per_rank(local_size)
     if threads is not None:
         torch.set_num_threads(threads)
     _context = Context(
         rank=hvd.rank(), size=hvd.size(), local_rank=local_rank, local_size=local_size,
-        cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), device=device,
+        cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), gpu=gpu, device=device,
     )
     if seed is not None:
         seed_everything(seed, rank=_context.rank)
@@ -72,16 +72,19 @@ def refresh() -> Context:
     """Re-read rank and size after Horovod re-initialised (an elastic reset); the device stays."""
     global _context
     if _context is None:
-        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top of your script")
+        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top "
+                           "of your script")
     _context = Context(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), device=_context.device)
+                       cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), gpu=_context.gpu,
+                       device=_context.device)
     return _context
 
 
 def current() -> Context:
     """The context made by :func:`init`; a clear error if it was not called."""
     if _context is None or not hvd.is_initialized():
-        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top of your script")
+        raise RuntimeError("hvdkit.torch.init() has not been called: call ctx = hvdkit.torch.init() at the top "
+                           "of your script")
     return _context
 
 

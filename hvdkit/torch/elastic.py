@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hvdkit.core import lr as core_lr
 from hvdkit.core.elastic import ElasticCommits
+from hvdkit.core.lr import scale_lr_for
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current, refresh
 
@@ -81,8 +81,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         ctx = refresh()
         if self._base_lr is not None:
             for group, base in zip(self.optimizer.param_groups, self._base_lr):
-                group["lr"] = core_lr.scale_lr(base, ctx.size, local_size=ctx.local_size,
-                                               on_gpu=ctx.device.type == "cuda")
+                group["lr"] = scale_lr_for(base, ctx)
 
     def _consume(self, samples: int) -> None:
         if getattr(self, "train_sampler", None) is not None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from hvdkit.core import lr as core_lr
+from hvdkit.core.lr import reduce_options, scale_lr_for, warmup_lr
+from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 from hvdkit.torch.tensors import to_cpu
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+_COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 
 def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
@@ -49,11 +50,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
                         "call DistributedOptimizer(optimizer, model)")
-    try:
-        op_value, compression_value = _OPS[op.lower()], _COMPRESSION[compression.lower()]
-    except KeyError:
-        raise ValueError(f"op={op!r}, compression={compression!r}: op is one of {sorted(_OPS)}, "
-                         f"compression one of {sorted(_COMPRESSION)}") from None
+    op, compression = reduce_options(op, compression)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
 
@@ -73,9 +70,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
-        compression=compression_value,
+        compression=_COMPRESSIONS[compression],
         backward_passes_per_step=backward_passes_per_step,
-        op=op_value,
+        op=_OPS[op],
         gradient_predivide_factor=gradient_predivide_factor,
         sparse_as_dense=sparse_as_dense,
     )
@@ -109,20 +106,21 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
 
 def scale_lr(base_lr: float, op: str = "average") -> float:
     """Step 5: the single-worker ``base_lr`` scaled for this job (times size; see :func:`hvdkit.core.lr.scale_lr`)."""
-    ctx = current()
-    return core_lr.scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size,
-                            on_gpu=ctx.device.type == "cuda")
+    return scale_lr_for(base_lr, current(), op)
 
 
-def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int | None = None, *,
+                     warmup_epochs: float | None = None,
+                     steps_per_epoch: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """Per-batch gradual warmup to the optimizer's (already scaled) rate, from that rate / size.
 
+    Give the length in steps, or in epochs with ``steps_per_epoch`` (e.g.
+    ``len(train_loader)``), as for :func:`hvdkit.keras.callbacks`.
     Call ``scheduler.step()`` after every ``optimizer.step()``.
     """
+    total = count_warmup_steps(warmup_steps, warmup_epochs, steps_per_epoch)
     size = current().size
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: core_lr.warmup_lr(step, warmup_steps, 1.0 / size, 1.0)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_lr(step, total, 1.0 / size, 1.0))
 
 
 def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, *, scaler=None,

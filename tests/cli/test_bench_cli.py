@@ -23,7 +23,8 @@ def bench_dir(tmp_path_factory):
     proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,8M,64M", "--repeats", "3", "--rounds", "1",
                   "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "hvdkit/mpi4py" in proc.stdout and "hvdkit/mpi4py-avg" in proc.stdout and "ResNet-50 gradients" in proc.stdout
+    for header in ("hvdkit/mpi4py", "hvdkit/mpi4py-avg", "ResNet-50 gradients"):
+        assert header in proc.stdout
     proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "8", "--warmup", "2",
                   "--repeats", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -14,8 +14,8 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT
 from tests.cli.test_install_script import pins
+from tests.conftest import BIN, ROOT
 
 pytestmark = pytest.mark.cli
 DOCKERFILE = ROOT / "Dockerfile.gpu"

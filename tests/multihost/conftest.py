@@ -4,8 +4,6 @@ import pytest
 
 from tests.multihost.testhosts import TestHosts
 
-pytestmark = pytest.mark.multihost
-
 
 def require_root():
     if os.geteuid() != 0:

@@ -128,7 +128,8 @@ class TestHosts:
                 return
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"sshd for {name} exited: {(self.tmp / f'{name}.sshd.log').read_text()}")
+                    log = (self.tmp / f"{name}.sshd.log").read_text()
+                    raise RuntimeError(f"sshd for {name} exited: {log}") from None
                 time.sleep(0.1)
         raise RuntimeError(f"sshd for {name} did not listen on {self.ips[name]}:{PORT} within 15s")
 
@@ -139,7 +140,8 @@ class TestHosts:
             proc.wait(timeout=10)
 
     # -- use ------------------------------------------------------------------
-    def run_on(self, name: str, argv: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    def run_on(self, name: str, argv: list[str], timeout: float,
+               env: dict | None = None) -> subprocess.CompletedProcess:
         """Run a command inside host ``name`` (its network and hostname), killing its group on timeout."""
         inner = " ".join(_quote(a) for a in argv)
         proc = subprocess.Popen(["ip", "netns", "exec", self.ns(name), "unshare", "--uts", "sh", "-c",

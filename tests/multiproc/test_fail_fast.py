@@ -5,12 +5,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
-
-import sys
 
 from tests.conftest import BIN, ROOT, WORKERS, horovodrun_cmd, job_env
 

@@ -17,9 +17,9 @@ def test_each_local_rank_pins_its_own_gpu(launch, framework):
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "2")
     for rank, r in enumerate(results):
         assert "error" not in r, r
-        assert r["size"] == 2 and r["rank"] == rank
+        assert r["size"] == 2 and r["rank"] == rank and r["gpu"] == rank
         if framework == "keras-tensorflow":
-            assert r["device"] == f"GPU:{rank}"
+            assert r["device"] == "/GPU:0"   # the only GPU this rank's TensorFlow sees
             gpu = f"/physical_device:GPU:{rank}"
             assert r["calls"] == [["memory_growth", gpu, True], ["visible", gpu, "GPU"]]
         else:

@@ -9,11 +9,11 @@ from hvdkit.bench.models import MnistNet, ResNet50, resnet50_shapes
 from hvdkit.bench.report import allreduce_rows, allreduce_table, bus_factor
 from hvdkit.bench.results import collect, emit
 from hvdkit.bench.runner import BenchTarget, available, plan_horovodrun
-from hvdkit.core.units import parse_byte_range as parse_sizes
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags
 from hvdkit.core.tuning import apply_horovod_defaults
+from hvdkit.core.units import parse_byte_range as parse_sizes
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,12 @@ import os
 import pytest
 
 from hvdkit.core.checkpoint_files import (
-    CHECKSUM_SUFFIX, CheckpointDir, CheckpointError, read_from, save_to, verify_checksum,
+    CHECKSUM_SUFFIX,
+    CheckpointDir,
+    CheckpointError,
+    read_from,
+    save_to,
+    verify_checksum,
 )
 
 pytestmark = pytest.mark.unit

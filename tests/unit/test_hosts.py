@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 from hvdkit.core.hosts import (
-    HostSpecError, check_np, parse_discovery_output, parse_hostfile, parse_hostfile_text, parse_hosts_string, rank_layout,
-    to_hostfile, to_hosts_string,
+    HostSpecError,
+    check_np,
+    parse_discovery_output,
+    parse_hostfile,
+    parse_hostfile_text,
+    parse_hosts_string,
+    rank_layout,
+    to_hostfile,
+    to_hosts_string,
 )
 
 pytestmark = pytest.mark.unit

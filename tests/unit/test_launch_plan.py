@@ -89,7 +89,8 @@ def test_elastic_plan_leaves_the_interface_to_horovodrun_on_several_hosts_or_whe
 def test_elastic_timeout_and_reset_limit_pass_through():
     plan = plan_launch(elastic(elastic_timeout=60, reset_limit=3), BOTH)
     assert plan.shell().startswith("horovodrun -np 2 --min-np 1 --max-np 4 --elastic-timeout 60 --reset-limit 3 ")
-    plan = plan_launch(cfg(elastic_timeout=60), BOTH)  # alone it makes the job elastic: --min-np, which horovodrun keys on
+    # alone it makes the job elastic: --min-np, which horovodrun keys on
+    plan = plan_launch(cfg(elastic_timeout=60), BOTH)
     assert "--min-np" in plan.argv and "--gloo" in plan.argv
 
 

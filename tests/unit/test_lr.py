@@ -1,6 +1,6 @@
 import pytest
 
-from hvdkit.core.lr import scale_lr, warmup_lr
+from hvdkit.core.lr import reduce_options, scale_lr, warmup_lr, warmup_steps
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +37,18 @@ def test_warmup_ramps_linearly_per_step_then_holds():
     assert warmup_lr(3, 0, 0.1, 0.5) == 0.5
     with pytest.raises(ValueError):
         warmup_lr(0, -1, 0.1, 0.5)
+
+
+def test_both_adapters_options_are_checked_once_in_any_case():
+    assert reduce_options("Average", "FP16") == ("average", "fp16")
+    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+        reduce_options("sum", "zip")
+
+
+def test_warmup_length_in_steps_or_epochs():
+    assert warmup_steps(warmup_steps=30) == 30 and warmup_steps() == 0
+    assert warmup_steps(warmup_epochs=2.5, steps_per_epoch=10) == 25
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        warmup_steps(warmup_epochs=1)
+    with pytest.raises(ValueError, match="not both"):
+        warmup_steps(warmup_steps=1, warmup_epochs=1, steps_per_epoch=3)

@@ -48,7 +48,7 @@ else:
 
 try:
     ctx = hk.init()
-    result = {"device": str(ctx.device), "calls": calls, "rank": ctx.rank, "size": ctx.size}
+    result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
 except RuntimeError as exc:
     result = {"error": str(exc), "calls": calls}
 rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))

@@ -18,10 +18,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--task", choices=["local_source", "warmup_callback"], required=True)
 args = parse_args_and_select_backend(p)
 
+import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow as hvd  # noqa: E402
 
 hvd.init()
 keras = keras_for(args.mode)

@@ -1,4 +1,4 @@
-"""Worker: KerasState.shard and its commit callback at an epoch's end (what a reset can resume into)."""
+"""Worker: ElasticState.shard and its commit callback at an epoch's end (what a reset can resume into)."""
 
 import argparse
 import json
@@ -22,7 +22,7 @@ keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])   # never fit before the tiny shard
 opt = hk.DistributedOptimizer(keras.optimizers.SGD(0.01))
 model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-state = hk.elastic.KerasState(model, opt, seed=3)
+state = hk.elastic.ElasticState(model, opt, seed=3)
 commits = []
 state.register_commit_callbacks([lambda s: commits.append((s.epoch, s.step, s.consumed))])
 

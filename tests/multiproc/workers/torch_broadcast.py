@@ -3,9 +3,9 @@
 import argparse
 
 import torch
+from torch_common import SmallNet, make_optimizer, optimizer_tensors, tensor_digest, write_result
 
 import hvdkit.torch as hk
-from torch_common import SmallNet, make_optimizer, optimizer_tensors, tensor_digest, write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
+from torch_common import SmallNet, make_optimizer, write_result
 
 import hvdkit.torch as hk
-from torch_common import SmallNet, make_optimizer, write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

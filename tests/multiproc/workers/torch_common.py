@@ -39,7 +39,7 @@ def tensor_digest(tensors):
 def optimizer_tensors(optimizer):
     out = []
     for pid in sorted(optimizer.state_dict()["state"]):
-        for key, value in sorted(optimizer.state_dict()["state"][pid].items()):
+        for _key, value in sorted(optimizer.state_dict()["state"][pid].items()):
             out.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
     return out
 

@@ -5,9 +5,9 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from torch_common import SmallNet, make_optimizer, write_result
 
 import hvdkit.torch as hk
-from torch_common import SmallNet, make_optimizer, write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -5,9 +5,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
+from torch_common import SmallNet, write_result
 
 import hvdkit.torch as hk
-from torch_common import SmallNet, write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -24,7 +24,8 @@ metrics = hk.evaluate(model, hk.eval_loader(test, batch_size=50))
 # A plain average of per-rank accuracies (what hand-written code often does).
 with torch.no_grad():
     shard = [test[i] for i in hk.ShardSampler(len(test), ctx.rank, ctx.size)]
-    xs = torch.stack([s[0] for s in shard]); ys = torch.stack([s[1] for s in shard])
+    xs = torch.stack([s[0] for s in shard])
+    ys = torch.stack([s[1] for s in shard])
     local_acc = (model(xs).argmax(1) == ys).float().mean().item()
 averaged = hk.metric_average(local_acc, "acc")
 result = {"rank": ctx.rank, "size": ctx.size, "metrics": metrics, "metric_average": averaged}

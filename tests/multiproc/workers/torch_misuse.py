@@ -4,9 +4,9 @@ import argparse
 
 import torch
 import torch.nn as nn
+from torch_common import write_result
 
 import hvdkit.torch as hk
-from torch_common import write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -4,7 +4,7 @@ import pytest
 
 from hvdkit.torch.data import ResumableDistributedSampler, ShardSampler
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.adapters
 
 
 def sampler(rank, size=2, n=21, batch=4):

@@ -4,7 +4,7 @@ import pytest
 
 from hvdkit.keras.backend import BackendError, resolve_backend
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.adapters
 
 
 @pytest.mark.parametrize("env, expected", [

@@ -1,0 +1,95 @@
+"""Imports run one way, cli -> bench -> adapters -> core, and no module imports itself back through others.
+
+Read from the source (every ``import``, lazy ones inside functions too), so
+the check needs neither Horovod nor a framework.
+"""
+
+import ast
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+# Lower layers never import higher ones; the two adapters never import each other.
+LAYER = {"core": 0, "torch": 1, "keras": 1, "bench": 2, "cli": 3, "selfcheck": 3, "__main__": 3}
+
+
+def module_name(path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    graph = {}
+    for path in sorted((ROOT / "hvdkit").rglob("*.py")):
+        name, targets = module_name(path), set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # "from hvdkit.cli import bench" imports hvdkit.cli.bench
+                targets |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {t for t in targets if t == "hvdkit" or t.startswith("hvdkit.")}
+    modules = set(graph)
+    return {m: {t for t in ts if t in modules and t != m} for m, ts in graph.items()}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, targets in graph.items():
+        here = layer(module)
+        for target in targets:
+            there = layer(target)
+            if here is None or there is None:
+                continue          # the package root (hvdkit.__version__) imports nothing of ours
+            if LAYER[there] > LAYER[here] or (LAYER[there] == LAYER[here] == 1 and there != here):
+                wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    found = []
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_import_goes_up_a_layer_or_across_adapters():
+    assert not violations(imports()), "against cli -> bench -> adapters -> core: " + ", ".join(violations(imports()))
+
+
+def test_the_import_graph_has_no_cycle():
+    assert not cycles(imports())
+
+
+def test_the_package_root_imports_nothing_of_ours():
+    assert imports()["hvdkit"] == set()
+
+
+def test_the_checks_catch_what_they_look_for():
+    graph = imports()
+    assert "hvdkit.core.remote" in graph["hvdkit.cli.launch"]      # lazy and from-imports are both read
+    assert violations({"hvdkit.core.doctor": {"hvdkit.torch.context"}, "hvdkit.keras.data": {"hvdkit.torch.data"},
+                       "hvdkit.bench.runner": {"hvdkit.core.launch"}}) == [
+        "hvdkit.core.doctor -> hvdkit.torch.context", "hvdkit.keras.data -> hvdkit.torch.data"]
+    assert cycles({"hvdkit.cli.a": {"hvdkit.cli.b"}, "hvdkit.cli.b": {"hvdkit.cli.a"}}) == [
+        "hvdkit.cli.a -> hvdkit.cli.b -> hvdkit.cli.a"]

@@ -1,0 +1,21 @@
+"""The unit tier runs without Horovod: importing every unit test module loads no ``horovod`` package."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def test_unit_test_modules_import_no_horovod():
+    modules = sorted(f"tests.unit.{p.stem}" for p in (ROOT / "tests" / "unit").glob("test_*.py"))
+    probe = ("import importlib, sys\n"
+             f"for m in {modules!r}: importlib.import_module(m)\n"
+             "print(sorted(n for n in sys.modules if n == 'horovod' or n.startswith('horovod.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"unit tests imported Horovod: {out.stdout.strip()}"
+    assert len(modules) > 10

@@ -1,0 +1,48 @@
+"""docs/API.md lists every public name of both adapters, as their ``__all__`` says (read without importing Horovod)."""
+
+import ast
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+
+def dunder_all(package: str) -> set[str]:
+    tree = ast.parse((ROOT / "hvdkit" / package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"hvdkit/{package}/__init__.py has no __all__")
+
+
+def table_columns() -> tuple[set[str], set[str]]:
+    torch_names, keras_names = set(), set()
+    for line in (ROOT / "docs" / "API.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        for cell, names in ((cells[1], torch_names), (cells[2], keras_names)):
+            match = re.fullmatch(r"`(\w+)`", cell)
+            if match:
+                names.add(match.group(1))
+            else:
+                assert cell == "—", f"{cells[0]}: a cell is a `name` or —, not {cell!r}"
+                assert len(cells[3]) > 20, f"{cells[0]}: say why one side lacks it"
+    return torch_names, keras_names
+
+
+def test_the_api_table_matches_both_adapters_all():
+    torch_names, keras_names = table_columns()
+    assert torch_names == dunder_all("torch")
+    assert keras_names == dunder_all("keras")
+
+
+def test_what_both_adapters_have_is_spelled_the_same():
+    both = dunder_all("torch") & dunder_all("keras")
+    for name in ("init", "Context", "current", "DistributedOptimizer", "broadcast_state", "scale_lr",
+                 "save_checkpoint", "load_checkpoint", "CheckpointError", "metric_average", "elastic",
+                 "seed_everything", "REQUEUE_EXIT_CODE"):
+        assert name in both
