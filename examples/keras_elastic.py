@@ -12,12 +12,16 @@ import json
 import os
 import time
 
+import hvdkit.keras as hk  # hvdkit:
 from hvdkit.core.argtypes import positive_float, positive_int
+from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
+    p.add_argument("--dataset", choices=DATASETS, default="digits")
+    p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=10)
     p.add_argument("--batch-size", type=positive_int, default=16, help="per process")
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
@@ -27,49 +31,58 @@ def parse_args():
     return p.parse_args()
 
 
-args = parse_args()
-if args.backend == "tf_keras":
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-else:
-    os.environ["KERAS_BACKEND"] = args.backend
-
-import hvdkit.keras as hk  # noqa: E402  # hvdkit:
-from hvdkit.core.datasets import load_dataset  # noqa: E402
-
-ctx = hk.init(seed=args.seed)  # hvdkit:
-if args.backend == "tf_keras":
-    import tf_keras as keras
-else:
-    import keras
-
-data = load_dataset("digits", "data/mnist", seed=args.seed)
-x_train, y_train = data.x_train.reshape(len(data.x_train), -1), data.y_train
-keras.utils.set_random_seed(args.seed)
-model = keras.Sequential([keras.Input((28 * 28,)), keras.layers.Dense(128, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(args.lr), momentum=0.9))  # hvdkit:
-model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-state = hk.elastic.ElasticState(model, optimizer, base_lr=args.lr, commit_every=args.commit_every,  # hvdkit:
-                              seed=args.seed)
-state.register_commit_callbacks([  # hvdkit: rank 0 reports each commit
-    lambda s: hk.current().is_main and print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}",
-                                             flush=True)])
+def import_keras(backend):
+    """Keras reads its backend once, when first imported: choose it, then import."""
+    if backend == "tf_keras":
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        import tf_keras as keras
+    else:
+        os.environ["KERAS_BACKEND"] = backend
+        import keras
+    return keras
 
 
-@hk.elastic.run  # hvdkit: on a lost worker or a host change, restore the last commit and carry on
-def train(state):
-    while state.epoch < args.epochs:
-        xs, ys = state.shard(x_train, y_train)  # hvdkit: the rest of this epoch, this rank's part
-        model.fit(xs, ys, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0,
-                  callbacks=[state.callback(args.batch_size)])  # hvdkit: count and commit every batch
-        state.epoch_done()  # hvdkit:
+def main():
+    args = parse_args()
+    try:
+        data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    keras = import_keras(args.backend)
+    hk.init(seed=args.seed)  # hvdkit:
+    x_train, y_train = data.x_train.reshape(len(data.x_train), -1), data.y_train
+
+    model = keras.Sequential([keras.Input((28 * 28,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(args.lr), momentum=0.9))  # hvdkit:
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # hvdkit: what a commit holds; its first sync gives every rank rank 0's weights
+    state = hk.elastic.ElasticState(model, optimizer, base_lr=args.lr, commit_every=args.commit_every,
+                                    seed=args.seed)
+
+    def log_commit(s):  # hvdkit: rank 0 reports each commit
+        if hk.current().is_main:
+            print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}", flush=True)
+
+    state.register_commit_callbacks([log_commit])  # hvdkit:
+
+    @hk.elastic.run  # hvdkit: on a lost worker or a host change, restore the last commit and carry on
+    def train(state):
+        while state.epoch < args.epochs:
+            xs, ys = state.shard(x_train, y_train)  # hvdkit: the rest of this epoch, this rank's part
+            model.fit(xs, ys, batch_size=args.batch_size, epochs=1, shuffle=False, verbose=0,
+                      callbacks=[state.callback(args.batch_size)])  # hvdkit: count and commit every batch
+            state.epoch_done()  # hvdkit:
+
+    start = time.time()
+    train(state)
+    loss, accuracy = model.evaluate(data.x_test.reshape(len(data.x_test), -1), data.y_test, verbose=0)
+    if hk.current().is_main:  # hvdkit:
+        print(f"final test accuracy {accuracy:.2%} after {state.step} steps, {time.time() - start:.1f}s", flush=True)
+        if args.json:
+            print(json.dumps({"test_accuracy": float(accuracy), "steps": state.step, "size": hk.current().size,
+                              "epochs": state.epoch, "backend": args.backend}), flush=True)
 
 
-start = time.time()
-train(state)
-loss, accuracy = model.evaluate(data.x_test.reshape(len(data.x_test), -1), data.y_test, verbose=0)
-if hk.current().is_main:  # hvdkit:
-    print(f"final test accuracy {accuracy:.2%} after {state.step} steps, {time.time() - start:.1f}s", flush=True)
-    if args.json:
-        print(json.dumps({"test_accuracy": float(accuracy), "steps": state.step, "size": hk.current().size,
-                          "epochs": state.epoch, "backend": args.backend}), flush=True)
+if __name__ == "__main__":
+    main()

@@ -12,49 +12,38 @@ import json
 import os
 import time
 
+import hvdkit.keras as hk  # hvdkit:
 from hvdkit.core.argtypes import non_negative_float, positive_float, positive_int
+from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
-    p.add_argument("--dataset", choices=["digits", "mnist", "synthetic"], default="digits")
+    p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=12)
     p.add_argument("--batch-size", type=positive_int, default=32, help="per process")
     p.add_argument("--lr", type=positive_float, default=0.001, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--checkpoint", default=None, help="save here after training (.npz)")
+    p.add_argument("--checkpoint", metavar="FILE", default=None, help="save here after training (.npz)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
 
-args = parse_args()
-from hvdkit.core.datasets import DatasetError, load_dataset  # noqa: E402
-
-# Data before Keras: a bad --dataset or --data-dir fails in a second, before TensorFlow's start-up logs.
-try:
-    data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
-except DatasetError as exc:
-    raise SystemExit(f"error: {exc}") from None
-
-# The backend must be chosen before Keras is imported.
-if args.backend == "tf_keras":
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-else:
-    os.environ["KERAS_BACKEND"] = args.backend
-
-import hvdkit.keras as hk  # noqa: E402  # hvdkit:
-
-ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
-if args.backend == "tf_keras":
-    import tf_keras as keras
-else:
-    import keras
+def import_keras(backend):
+    """Keras reads its backend once, when first imported: choose it, then import."""
+    if backend == "tf_keras":
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        import tf_keras as keras
+    else:
+        os.environ["KERAS_BACKEND"] = backend
+        import keras
+    return keras
 
 
-def build_model():
+def build_model(keras):
     # No BatchNormalization in this model. In a model with it, use
     # hk.SyncBatchNormalization() in its place to normalise over every rank's batch
     # (same arguments; plain BatchNormalization keeps per-rank statistics).
@@ -71,23 +60,37 @@ def build_model():
     ])
 
 
-x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
+def main():
+    args = parse_args()
+    # Data before Keras: a bad --dataset or --data-dir fails in a second, before TensorFlow's start-up logs.
+    try:
+        data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    except DatasetError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    keras = import_keras(args.backend)
+    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
+    x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
 
-model = build_model()
-optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)))  # hvdkit: lr x size, averaged grads
-model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-start = time.time()
-model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
-          verbose=2 if ctx.is_main else 0,  # hvdkit: one rank prints
-          callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs))  # hvdkit: broadcast, metric average, warmup
-elapsed = time.time() - start
-# Every rank holds the same weights, so evaluating the whole (small) test set gives every rank the exact result.
-loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)
-if args.checkpoint:
-    hk.save_checkpoint(args.checkpoint, model, optimizer, epoch=args.epochs - 1)  # hvdkit: rank 0 writes
-if ctx.is_main:  # hvdkit:
-    print(f"final test accuracy {accuracy:.2%} ({len(data.y_test)} samples) in {elapsed:.1f}s on {ctx.size} processes")
-    if args.json:
-        print(json.dumps({"dataset": args.dataset, "backend": args.backend, "size": ctx.size,
-                          "epochs": args.epochs, "test_accuracy": float(accuracy), "test_loss": float(loss),
-                          "seconds": round(elapsed, 2)}))
+    model = build_model(keras)
+    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)))  # hvdkit: lr x size, averaged
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    start = time.time()
+    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
+              verbose=ctx.verbose,  # hvdkit: a line per epoch from rank 0 only
+              callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs))  # hvdkit: broadcast, metric average, warmup
+    elapsed = time.time() - start
+    # Every rank holds the same weights, so evaluating the whole (small) test set gives every rank the exact result.
+    loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)
+    if args.checkpoint:
+        hk.save_checkpoint(args.checkpoint, model, optimizer, epoch=args.epochs - 1)  # hvdkit: rank 0 writes
+    if ctx.is_main:  # hvdkit:
+        print(f"final test accuracy {accuracy:.2%} ({len(data.y_test)} samples) in {elapsed:.1f}s "
+              f"on {ctx.size} processes")
+        if args.json:
+            print(json.dumps({"dataset": args.dataset, "backend": args.backend, "size": ctx.size,
+                              "epochs": args.epochs, "test_accuracy": float(accuracy), "test_loss": float(loss),
+                              "seconds": round(elapsed, 2)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -30,8 +30,8 @@ def parse_args():
     p.add_argument("--epochs", type=positive_int, default=10)
     p.add_argument("--batch-size", type=positive_int, default=16, help="per process")
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
-    p.add_argument("--commit-every", type=positive_int, default=1, help="steps between commits (a commit copies "
-                                                                        "the state)")
+    p.add_argument("--commit-every", type=positive_int, default=1,
+                   help="steps between commits (a commit copies the state)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
@@ -49,11 +49,11 @@ def main():
     train_loader = hk.elastic.elastic_loader(train_set, args.batch_size, seed=args.seed)  # hvdkit: re-shards on resize
     test_loader = hk.eval_loader(test_set, batch_size=256)  # hvdkit:
 
-    torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(28 * 28, 256), nn.ReLU(), nn.Linear(256, 10)).to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit:
-    state = hk.elastic.ElasticState(model, optimizer, sampler=train_loader.sampler,  # hvdkit: what a commit holds
+    # hvdkit: what a commit holds; its first sync gives every rank rank 0's weights
+    state = hk.elastic.ElasticState(model, optimizer, sampler=train_loader.sampler,
                                     base_lr=args.lr, commit_every=args.commit_every)
 
     def log_commit(s):  # hvdkit: rank 0 reports each commit

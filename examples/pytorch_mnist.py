@@ -9,6 +9,7 @@ Every line that differs from the single-process script is marked `# hvdkit:`.
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -48,22 +49,27 @@ def parse_args():
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--checkpoint", default=None,
-                   help="save after every epoch: a file, or a directory ending in '/' (newest 3 kept)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--checkpoint", metavar="FILE", help="save after every epoch into this one file")
+    where.add_argument("--checkpoint-dir", metavar="DIR",
+                       help="save after every epoch as DIR/ckpt-<step>.pt, keeping the newest 3")
     p.add_argument("--resume", action="store_true",
-                   help="continue from --checkpoint (in a directory: the newest good one)")
+                   help="continue from the checkpoint (in --checkpoint-dir: the newest good one)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
 
-def save(path, model, optimizer, epoch, batch, per_epoch):
-    """A file, or a directory ending in '/' (keeps the newest 3); ``batch`` batches of ``epoch`` are done."""
-    hk.save_checkpoint(path, model, optimizer, step=epoch * per_epoch + batch,  # hvdkit: rank 0 writes
-                       keep_last=3 if path.endswith("/") else None, epoch=epoch, batch=batch)
+def save(path, numbered, model, optimizer, scheduler, epoch, batch, per_epoch):
+    """Checkpoint after ``batch`` batches of ``epoch``: model, optimizer and the warmup's position."""
+    steps = dict(step=epoch * per_epoch + batch, keep_last=3) if numbered else {}  # ckpt-<step>.pt, newest 3
+    hk.save_checkpoint(path, model, optimizer, **steps,  # hvdkit: rank 0 writes
+                       epoch=epoch, batch=batch, scheduler=scheduler.state_dict())
 
 
 def main():
     args = parse_args()
+    # A path ending in '/' is a checkpoint directory to hvdkit, even before it exists.
+    checkpoint = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else args.checkpoint
     ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
     log = hk.get_logger(ctx.rank, ctx.size)  # hvdkit:
     try:
@@ -79,24 +85,24 @@ def main():
     model = Net().to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
+    # hvdkit: from rate/size up to the scaled rate over the first epochs
+    scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
     start_epoch, start_batch = 0, 0
-    if args.resume and args.checkpoint:
+    if args.resume and checkpoint:
         try:
-            extra = hk.load_checkpoint(args.checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load
+            extra = hk.load_checkpoint(checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
+        scheduler.load_state_dict(extra["scheduler"])
         # Saved at an epoch's end, or mid-epoch when the job was preempted.
-        start_epoch, start_batch = extra["epoch"], extra.get("batch", per_epoch)
+        start_epoch, start_batch = extra["epoch"], extra["batch"]
         if start_batch >= per_epoch:
             start_epoch, start_batch = start_epoch + 1, 0
     else:
         hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
-    scheduler = hk.warmup_scheduler(optimizer, int(args.warmup_epochs * per_epoch))  # hvdkit:
-    for _ in range(start_epoch * per_epoch + start_batch):  # put the warmup where the checkpoint left it
-        scheduler.step()
     # hvdkit: with a checkpoint, SIGTERM/SIGUSR1 on any rank (a cluster's preemption notice) means:
     # checkpoint after the current step on every rank, then exit 75 so the job can be requeued and --resume.
-    guard = hk.PreemptionGuard() if args.checkpoint else None
+    guard = hk.PreemptionGuard() if checkpoint else None
 
     if ctx.is_main:  # hvdkit:
         log.info(f"{args.dataset}: {len(train_set)} train / {len(test_set)} test samples, "
@@ -107,6 +113,7 @@ def main():
         model.train()
         train_loader.sampler.set_epoch(epoch, start_batch=start_batch)  # hvdkit: same shuffle on all ranks
         batches = hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}")  # hvdkit:
+        loss_sum, seen = 0.0, 0
         for batch, (x, y) in enumerate(batches, start=start_batch):
             x, y = x.to(ctx.device), y.to(ctx.device)
             optimizer.zero_grad()
@@ -114,23 +121,25 @@ def main():
             loss.backward()
             optimizer.step()
             scheduler.step()
+            loss_sum, seen = loss_sum + loss.item() * len(x), seen + len(x)
             if guard is not None and guard.requested():  # hvdkit: the same answer on every rank
-                save(args.checkpoint, model, optimizer, epoch, batch + 1, per_epoch)
+                save(checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler, epoch, batch + 1, per_epoch)
                 guard.exit()
         start_batch = 0
-        train_loss = hk.metric_average(loss.item(), "train_loss")  # hvdkit: mean over ranks
+        train_loss = hk.metric_average(loss_sum / max(seen, 1), "train_loss")  # hvdkit: the epoch's mean, all ranks
         metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
         if ctx.is_main:  # hvdkit:
             log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
                      f"test accuracy {metrics['accuracy']:.2%} ({metrics['count']} samples)")
-        if args.checkpoint:
-            save(args.checkpoint, model, optimizer, epoch, per_epoch, per_epoch)
+        if checkpoint:
+            save(checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler, epoch, per_epoch, per_epoch)
 
     if ctx.is_main:  # hvdkit:
         elapsed = time.time() - start
         log.info(f"final test accuracy {metrics['accuracy']:.2%} in {elapsed:.1f}s")
         if args.json:
-            print(json.dumps({"dataset": args.dataset, "size": ctx.size, "hosts": ctx.cross_size, "epochs": args.epochs,
+            print(json.dumps({"dataset": args.dataset, "size": ctx.size, "hosts": ctx.cross_size,
+                              "epochs": args.epochs,
                               "test_accuracy": metrics["accuracy"], "test_loss": metrics["loss"],
                               "test_count": metrics["count"], "seconds": round(elapsed, 2)}))
 

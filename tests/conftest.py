@@ -45,6 +45,55 @@ def run_job(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
+def signal_job(cmd: list[str], ready, victim, sig: int = signal.SIGTERM, start_timeout: float = 180,
+               end_timeout: float = 60) -> tuple[str, float, int]:
+    """Start ``cmd`` in its own process group, wait until ``ready(output so far)`` is true, send ``sig``
+    to the pid ``victim()`` returns; return (all output, seconds from the signal to the job's end, exit code).
+
+    Fails when the job ends or stalls before it is ready; kills the group if it outlives ``end_timeout``.
+    """
+    import threading
+    import time
+
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(),
+                           start_new_session=True, cwd=ROOT)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(job.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + start_timeout
+        while not ready("".join(lines)):
+            if time.time() > deadline or job.poll() is not None:
+                pytest.fail("the job never got ready:\n" + "".join(lines)[-3000:])
+            time.sleep(0.05)
+        signalled = time.time()
+        os.kill(victim(), sig)
+        job.wait(timeout=end_timeout)
+        ended = time.time() - signalled
+        reader.join(timeout=10)
+        return "".join(lines), ended, job.returncode
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def kill_mid_save(cmd: list[str], out_dir: Path, target: str, start_timeout: float = 180) -> None:
+    """Run a slow-save worker and SIGKILL it while it writes ``target``'s temporary file.
+
+    The worker writes its pid to ``saved-first`` once a first, good checkpoint is
+    on disk; the kill comes when that marker and ``.<target>.*.tmp`` both exist.
+    """
+    import glob
+
+    marker = out_dir / "saved-first"
+
+    def writing(_output: str) -> bool:
+        return marker.exists() and bool(marker.read_text()) and bool(glob.glob(str(out_dir / f".{target}.*.tmp")))
+
+    signal_job(cmd, writing, lambda: int(marker.read_text()), sig=signal.SIGKILL, start_timeout=start_timeout)
+
+
 def horovodrun_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[str]:
     """`horovodrun -np N -H localhost:N --gloo|--mpi python ...` on this interpreter."""
     if controller not in ("gloo", "mpi"):

@@ -58,7 +58,7 @@ CASES = [
     ("no command", ["hvdkit", "launch", "-np", "2", "-H", "localhost:2"], ["no training command", "after '--'"]),
     ("corrupt checkpoint", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/corrupt.pt", "--resume"],
      ["corrupt.pt' is unreadable or corrupt", "restore an older checkpoint"]),
-    ("no usable checkpoint in a directory", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/ckpts/",
+    ("no usable checkpoint in a directory", ["python", EXAMPLE, "--epochs", "1", "--checkpoint-dir", "{tmp}/ckpts",
                                              "--resume"],
      ["ckpt-00000003.pt: checksum mismatch", "start without --resume"]),
     ("missing checkpoint", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/none.pt", "--resume"],

@@ -1,11 +1,8 @@
 """hvdkit.keras under real horovodrun (Gloo, CPU) for Keras 3 + TensorFlow, Keras 3 + PyTorch and tf-keras."""
 
-import glob
 import hashlib
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, run_job
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, kill_mid_save, run_job
 
 pytestmark = pytest.mark.multiproc
 MODES = ["tensorflow", "torch", "tf_keras"]
@@ -150,22 +147,7 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
     ckpt = tmp_path / "model.npz"
     cmd = horovodrun_cmd(1, [str(WORKERS / "keras_checkpoints.py"), "--out", str(tmp_path), "--mode", mode,
                              "--task", "slow_save", "--ckpt", str(ckpt)])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=job_env(), start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.time() + 180
-        marker = tmp_path / "saved-first"
-        while time.time() < deadline and not (marker.exists() and marker.read_text()
-                                              and glob.glob(str(tmp_path / ".model.npz.*.tmp"))):
-            if proc.poll() is not None:
-                pytest.fail(f"worker exited early:\n{proc.stdout.read()[-3000:]}")
-            time.sleep(0.05)
-        assert glob.glob(str(tmp_path / ".model.npz.*.tmp")), "the large save never started"
-        os.kill(int(marker.read_text()), signal.SIGKILL)            # the writer dies mid-write
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    kill_mid_save(cmd, tmp_path, "model.npz")                       # the writer dies mid-write
     digest = (tmp_path / "model.npz.sha256").read_text().split()[0]
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest, "the checkpoint on disk is whole"
     with np.load(ckpt) as data:

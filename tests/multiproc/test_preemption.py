@@ -3,18 +3,15 @@ step boundary and exit with REQUEUE_EXIT_CODE within 30 s, and a rerun resumes a
 parameters identical to an uninterrupted run (float64)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from hvdkit.core.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, read_rank_results, run_job
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, read_rank_results, run_job, signal_job
 
 pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_preempt.py")
@@ -28,28 +25,9 @@ def run(out: Path, *extra: str) -> list[dict]:
 
 
 def sigterm_one_rank(argv: list[str], ready, victim) -> tuple[str, float]:
-    """Start horovodrun with ``argv``, wait until ``ready(output_so_far)`` (max 180 s), SIGTERM the pid
-    ``victim()`` returns; return (all output, seconds from the signal to the job's end)."""
-    job = subprocess.Popen(horovodrun_cmd(2, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=job_env(), start_new_session=True, cwd=ROOT)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(job.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline = time.time() + 180
-        while not ready("".join(lines)):
-            if time.time() > deadline or job.poll() is not None:
-                pytest.fail("the job made no progress:\n" + "".join(lines)[-3000:])
-            time.sleep(0.05)
-        signalled = time.time()
-        os.kill(victim(), signal.SIGTERM)
-        job.wait(timeout=60)
-        ended = time.time() - signalled
-        reader.join(timeout=10)
-        return "".join(lines), ended
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    """SIGTERM one rank of a 2-rank horovodrun job once ``ready``; (output, seconds until the job ended)."""
+    output, ended, _ = signal_job(horovodrun_cmd(2, argv), ready, victim)
+    return output, ended
 
 
 def progress_at_least(path: Path, target: tuple[int, ...]):
@@ -105,10 +83,10 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
 
 
 def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
-    """examples/pytorch_mnist.py --checkpoint DIR/: SIGTERM to rank 1 during training -> exit 75 with a
+    """examples/pytorch_mnist.py --checkpoint-dir DIR: SIGTERM to rank 1 during training -> exit 75 with a
     mid-run checkpoint; --resume continues from it and finishes."""
     ckpts = tmp_path / "ckpts"
-    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint", f"{ckpts}/", "--json"]
+    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint-dir", str(ckpts), "--json"]
 
     def a_rank_pid() -> int:
         # The ranks' own processes: the interpreter running the example (not horovodrun, not a shell).

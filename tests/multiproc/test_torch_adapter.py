@@ -1,18 +1,14 @@
 """hvdkit.torch under real horovodrun (Gloo, CPU): the six steps, checkpoints, evaluation, misuse."""
 
-import glob
 import json
-import os
 import re
-import signal
-import subprocess
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, run_job
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -91,24 +87,7 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
     ckpt = tmp_path / "model.pt"
     cmd = horovodrun_cmd(1, [str(WORKERS / "torch_slow_save.py"), "--out", str(tmp_path), "--ckpt", str(ckpt)])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=job_env(), start_new_session=True, cwd=ROOT)
-    try:
-        deadline = time.time() + 120
-        marker = tmp_path / "saved-first"          # the good checkpoint is on disk
-        while time.time() < deadline and not (marker.exists() and marker.read_text()
-                                              and glob.glob(str(tmp_path / ".model.pt.*.tmp"))):
-            if proc.poll() is not None:
-                pytest.fail(f"worker exited early:\n{proc.stdout.read()[-3000:]}")
-            time.sleep(0.05)
-        tmp_files = glob.glob(str(tmp_path / ".model.pt.*.tmp"))
-        assert tmp_files, "the large save never started"
-        pid = int((tmp_path / "saved-first").read_text())
-        os.kill(pid, signal.SIGKILL)                       # the writer dies mid-write
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    kill_mid_save(cmd, tmp_path, "model.pt", start_timeout=120)     # the writer dies mid-write
     state = torch.load(ckpt, weights_only=True)
     assert state["extra"] == {"epoch": 7}
     assert torch.equal(state["model"]["weight"], torch.full((4, 4), 1.5))

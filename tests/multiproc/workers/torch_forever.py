@@ -1,4 +1,5 @@
-"""Worker: allreduce in a loop until killed; writes its pid and host first (for fault tests)."""
+"""Worker: allreduce in a loop until killed; writes its pid and host first, and ``looping<rank>``
+once 20 allreduces have completed (so a fault test knows both ranks are inside the loop)."""
 
 import argparse
 import json
@@ -20,4 +21,6 @@ step = 0
 while True:
     hk.hvd.allreduce(torch.ones(1024), name=f"step{step % 8}")
     step += 1
+    if step == 20:
+        open(os.path.join(args.out, f"looping{ctx.rank}"), "w").close()
     time.sleep(0.01)
