@@ -54,6 +54,7 @@ def test_pins_match_what_is_installed():
     assert version("tf-keras") == p["TF_KERAS_VERSION"]
     assert version("mpi4py") == p["MPI4PY_VERSION"]
     assert version("tensorflow-cpu") == p["TENSORFLOW_VERSION"]
+    assert version("ruff") == p["RUFF_VERSION"]
 
 
 def test_prerequisites_pass_here():
