@@ -114,6 +114,7 @@ def test_misuse_gets_errors_that_name_the_fix(launch):
     assert "model.to(ctx.device)" in e["model_on_other_device"]
     assert "does not exist" in e["missing_checkpoint"]
     assert "corrupt" in e["corrupt_checkpoint"]
+    assert r0["state_kept"] is True, "DistributedOptimizer must keep the momentum the optimizer already had"
 
 
 def test_demo_reaches_95_percent_on_digits(tmp_path):

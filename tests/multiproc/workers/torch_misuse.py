@@ -37,4 +37,14 @@ capture("missing_checkpoint", lambda: hk.load_checkpoint(args.out + "/nope.pt", 
 with open(args.out + "/corrupt.pt", "wb") as f:
     f.write(b"not a checkpoint")
 capture("corrupt_checkpoint", lambda: hk.load_checkpoint(args.out + "/corrupt.pt", model))
-write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "errors": errors})
+# Not an error case: state the optimizer already has (here a momentum buffer) survives the wrapping,
+# which Horovod's own wrapper drops when it rebuilds the optimizer from param_groups.
+stateful = nn.Linear(3, 3)
+plain = torch.optim.SGD(stateful.parameters(), lr=0.1, momentum=0.9)
+stateful(torch.ones(2, 3)).sum().backward()
+plain.step()
+before = {k: v["momentum_buffer"].clone() for k, v in plain.state_dict()["state"].items()}
+after = hk.DistributedOptimizer(plain, stateful).state_dict()["state"]
+state_kept = len(before) == 2 and sorted(after) == sorted(before) and all(
+    torch.equal(before[k], after[k]["momentum_buffer"]) for k in before)
+write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "errors": errors, "state_kept": state_kept})
