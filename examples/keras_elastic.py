@@ -9,7 +9,6 @@ that differs from the single-process script is marked `# hvdkit:`.
 
 import argparse
 import json
-import os
 import time
 
 import hvdkit.keras as hk  # hvdkit:
@@ -31,24 +30,13 @@ def parse_args():
     return p.parse_args()
 
 
-def import_keras(backend):
-    """Keras reads its backend once, when first imported: choose it, then import."""
-    if backend == "tf_keras":
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        import tf_keras as keras
-    else:
-        os.environ["KERAS_BACKEND"] = backend
-        import keras
-    return keras
-
-
 def main():
     args = parse_args()
     try:
         data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
     except DatasetError as exc:
         raise SystemExit(f"error: {exc}") from None
-    keras = import_keras(args.backend)
+    keras = hk.use_backend(args.backend)  # Keras reads its backend once, at import: choose it first
     hk.init(seed=args.seed)  # hvdkit:
     x_train, y_train = data.x_train.reshape(len(data.x_train), -1), data.y_train
 

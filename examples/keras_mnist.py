@@ -9,7 +9,6 @@ Every line that differs from the single-process script is marked `# hvdkit:`.
 
 import argparse
 import json
-import os
 import time
 
 import hvdkit.keras as hk  # hvdkit:
@@ -30,17 +29,6 @@ def parse_args():
     p.add_argument("--checkpoint", metavar="FILE", default=None, help="save here after training (.npz)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
-
-
-def import_keras(backend):
-    """Keras reads its backend once, when first imported: choose it, then import."""
-    if backend == "tf_keras":
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        import tf_keras as keras
-    else:
-        os.environ["KERAS_BACKEND"] = backend
-        import keras
-    return keras
 
 
 def build_model(keras):
@@ -67,7 +55,7 @@ def main():
         data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
     except DatasetError as exc:
         raise SystemExit(f"error: {exc}") from None
-    keras = import_keras(args.backend)
+    keras = hk.use_backend(args.backend)  # Keras reads its backend once, at import: choose it first
     ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
     x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
 

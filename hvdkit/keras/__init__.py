@@ -17,7 +17,7 @@ The same names as :mod:`hvdkit.torch` where both have the thing; docs/API.md lis
 from hvdkit.core.console import get_logger, progress
 from hvdkit.core.preemption import REQUEUE_EXIT_CODE
 from hvdkit.keras import elastic
-from hvdkit.keras.backend import BackendError, resolve_backend
+from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
 from hvdkit.keras.callbacks import callbacks
 from hvdkit.keras.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hvdkit.keras.context import Context, current, init, seed_everything
@@ -40,5 +40,5 @@ __all__ = [
     "SyncBatchNormalization",
     "broadcast_state", "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint",
     "metric_average", "progress", "resolve_backend", "save_checkpoint", "scale_lr", "seed_everything",
-    "shard_arrays", "shard_dataset", "steps_per_epoch",
+    "shard_arrays", "shard_dataset", "steps_per_epoch", "use_backend",
 ]

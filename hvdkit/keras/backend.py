@@ -66,3 +66,20 @@ def keras_module(mode: str):
         raise BackendError(f"keras was imported with backend {keras.backend.backend()!r} before hvdkit "
                            f"resolved {mode!r}: set KERAS_BACKEND before importing keras")
     return keras
+
+
+def use_backend(mode: str, env: dict | None = None):
+    """Choose the Keras mode, then import and return that Keras (``keras``, or ``tf_keras``).
+
+    Keras reads its backend once, at its first import, so a script that takes
+    the backend as an option calls this before anything imports Keras::
+
+        keras = hk.use_backend(args.backend)   # "tensorflow", "torch" or "tf_keras"
+    """
+    env = os.environ if env is None else env
+    if mode == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+        env["KERAS_BACKEND"] = mode
+        env.pop("TF_USE_LEGACY_KERAS", None)
+    return keras_module(resolve_backend(env))

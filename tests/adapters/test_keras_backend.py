@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from hvdkit.keras.backend import BackendError, resolve_backend
+from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
 
 pytestmark = pytest.mark.adapters
 
@@ -28,3 +28,10 @@ def test_keras_json_is_read_like_keras_does(tmp_path):
 def test_unsupported_backends_name_the_fix(name, tmp_path):
     with pytest.raises(BackendError, match="KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch"):
         resolve_backend({"KERAS_BACKEND": name, "KERAS_HOME": str(tmp_path)})
+
+
+def test_use_backend_sets_the_mode_keras_will_read(tmp_path):
+    env = {"KERAS_HOME": str(tmp_path), "TF_USE_LEGACY_KERAS": "1"}
+    with pytest.raises(BackendError, match="KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch"):
+        use_backend("jax", env)     # refused before any Keras is imported
+    assert env["KERAS_BACKEND"] == "jax" and "TF_USE_LEGACY_KERAS" not in env

@@ -1,0 +1,23 @@
+"""The README stays a five-minute read, and every link in it and in docs/ leads to a file that exists."""
+
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_readme_is_at_most_160_lines():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 160
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
+                                                       for p in (ROOT / "docs").glob("*.md"))])
+def test_relative_links_resolve(page):
+    path = ROOT / page
+    missing = [target for target in LINK.findall(path.read_text())
+               if "://" not in target and not (path.parent / target).exists()]
+    assert not missing, f"{page} links to missing files: {missing}"
