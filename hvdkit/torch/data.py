@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from hvdkit.core.sharding import shard_indices
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 
@@ -64,6 +65,29 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
         pin_memory = ctx.device.type == "cuda"
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
+
+
+def shard_arrays(*tensors, drop_remainder: bool = False):
+    """Rows rank, rank+size, ... of each tensor or array, the same number on every rank.
+
+    For data held in tensors rather than a Dataset: every rank then runs the
+    same number of steps (uneven shards deadlock at the last batch). Rows are
+    padded by repeating the first ones, as DistributedSampler pads, or with
+    ``drop_remainder=True`` the last ``len % size`` rows are left out.
+
+    Example::
+
+        x_train, y_train = hk.shard_arrays(x_train, y_train)
+        for i in range(0, len(x_train), batch_size): ...
+    """
+    ctx = current()
+    lengths = {len(t) for t in tensors}
+    if len(lengths) != 1:
+        raise ValueError(f"tensors have different lengths {sorted(lengths)}: pass x and y of the same samples")
+    rows = shard_indices(lengths.pop(), ctx.rank, ctx.size, drop_remainder=drop_remainder)
+    index = torch.as_tensor(rows, dtype=torch.long)
+    shards = tuple(t[index.to(t.device)] if isinstance(t, torch.Tensor) else t[index.numpy()] for t in tensors)
+    return shards if len(shards) > 1 else shards[0]
 
 
 class ShardSampler(Sampler[int]):

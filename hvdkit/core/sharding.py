@@ -1,0 +1,34 @@
+"""Which rows each rank trains on: every rank gets the same number, so every rank runs the same steps.
+
+Ranks that run different numbers of steps deadlock: the rank with one more
+batch waits in an allreduce the others never join. ``torch``'s
+DistributedSampler avoids it by padding; :func:`shard_indices` does the same
+for arrays, and both adapters' ``shard_arrays`` use it.
+
+Example::
+
+    shard_indices(10, rank=2, size=4)                       # [2, 6, 0]: 10 rows padded to 12 with rows 0, 1
+    shard_indices(10, rank=2, size=4, drop_remainder=True)  # [2, 6]: rows 8 and 9 are left out
+"""
+
+from __future__ import annotations
+
+import math
+
+from hvdkit.core.errors import UserError
+
+
+def shard_indices(length: int, rank: int, size: int, *, drop_remainder: bool = False) -> list[int]:
+    """Row indices ``rank, rank + size, ...`` of ``length`` rows, the same count on every rank.
+
+    By default the rows are padded to a multiple of ``size`` by repeating the
+    first rows (as DistributedSampler does: at most ``size - 1`` repeats per
+    epoch); ``drop_remainder=True`` leaves the last ``length % size`` rows out instead.
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+    if length < 1 or (drop_remainder and length < size):
+        raise UserError(f"{length} rows cannot be split over {size} ranks"
+                        f"{' with drop_remainder=True' if drop_remainder else ''}: give at least {size} rows")
+    total = (length // size) * size if drop_remainder else math.ceil(length / size) * size
+    return [i % length for i in range(rank, total, size)]

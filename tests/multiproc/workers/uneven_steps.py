@@ -1,0 +1,84 @@
+"""Worker: ranks that run different numbers of steps, and a rank that is merely slow.
+
+--case keras-shard   hk.shard_arrays on --rows rows, model.fit at --batch: every rank must run the same steps
+--case torch-extra   rank 0 trains one batch more than the others, then all evaluate: a deadlock that the
+                     patched Horovod must end with the ranks named (HOROVOD_STALL_CHECK_TIME_SECONDS short)
+--case torch-slow    rank 0 spends --sleep seconds outside any collective (a long evaluation) while the
+                     others wait in the next allreduce: that is not a deadlock and must finish
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--case", choices=["keras-shard", "torch-extra", "torch-slow"], required=True)
+p.add_argument("--rows", type=int, default=1025)
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--sleep", type=float, default=8.0)
+args = p.parse_args()
+
+if args.case == "keras-shard":
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import keras
+    import numpy as np
+    from torch_common import write_result
+
+    import hvdkit.keras as hk
+
+    ctx = hk.init(seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.rows, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    x, y = hk.shard_arrays(x, y)
+
+    class CountBatches(keras.callbacks.Callback):
+        batches = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            CountBatches.batches += 1
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=args.batch, epochs=2, verbose=0, shuffle=True,
+              callbacks=[*hk.callbacks(), CountBatches()])
+    write_result(args.out, ctx.rank, {"size": ctx.size, "rows": len(x), "batches": CountBatches.batches})
+    sys.exit(0)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch_common import SmallNet, write_result  # noqa: E402
+
+import hvdkit.torch as hk  # noqa: E402
+
+ctx = hk.init(seed=0, threads=1)
+model = SmallNet()
+optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+hk.broadcast_state(model, optimizer)
+x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+
+
+def train_step():
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+steps = 5 + (1 if args.case == "torch-extra" and ctx.rank == 0 else 0)
+start = time.time()
+try:
+    for _ in range(steps):
+        train_step()
+        if args.case == "torch-slow" and ctx.rank == 0:
+            time.sleep(args.sleep)            # "a long evaluation on rank 0" between two steps
+    accuracy = hk.metric_average(1.0, "accuracy")
+except Exception as exc:                      # the deadlock ends as an exception on every rank
+    write_result(args.out, ctx.rank, {"size": ctx.size, "error": f"{type(exc).__name__}: {exc}",
+                                      "seconds": time.time() - start})
+    raise
+write_result(args.out, ctx.rank, {"size": ctx.size, "steps": steps, "seconds": time.time() - start})

@@ -1,0 +1,35 @@
+"""Every rank gets the same number of rows, so every rank runs the same number of steps."""
+
+import math
+
+import pytest
+
+from hvdkit.core.errors import UserError
+from hvdkit.core.sharding import shard_indices
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("length, size", [(1025, 2), (257, 2), (1057, 3), (10, 4), (3, 4), (1797, 3), (8, 4)])
+def test_padded_shards_are_equal_and_cover_every_row(length, size):
+    shards = [shard_indices(length, r, size) for r in range(size)]
+    assert {len(s) for s in shards} == {math.ceil(length / size)}
+    rows = [i for s in shards for i in s]
+    assert set(rows) == set(range(length))                       # nothing dropped
+    assert len(rows) - length == (-length) % size                 # at most size - 1 repeats
+    for batch in (32, 128, 479):                                  # the batch counts the issue hung on
+        assert len({math.ceil(len(s) / batch) for s in shards}) == 1
+
+
+@pytest.mark.parametrize("length, size", [(1025, 2), (1057, 3), (10, 4)])
+def test_drop_remainder_leaves_the_last_rows_out(length, size):
+    shards = [shard_indices(length, r, size, drop_remainder=True) for r in range(size)]
+    assert {len(s) for s in shards} == {length // size}
+    assert sorted(i for s in shards for i in s) == list(range(length - length % size))
+
+
+def test_too_few_rows_is_an_error_that_says_how_many():
+    with pytest.raises(UserError, match="0 rows cannot be split over 2 ranks: give at least 2 rows"):
+        shard_indices(0, 0, 2)
+    with pytest.raises(UserError, match="3 rows cannot be split over 4 ranks with drop_remainder=True"):
+        shard_indices(3, 0, 4, drop_remainder=True)
