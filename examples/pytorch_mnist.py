@@ -62,8 +62,11 @@ def parse_args():
 def save(path, numbered, model, optimizer, scheduler, epoch, batch, per_epoch):
     """Checkpoint after ``batch`` batches of ``epoch``: model, optimizer and the warmup's position."""
     steps = dict(step=epoch * per_epoch + batch, keep_last=3) if numbered else {}  # ckpt-<step>.pt, newest 3
-    hk.save_checkpoint(path, model, optimizer, **steps,  # hvdkit: rank 0 writes
-                       epoch=epoch, batch=batch, scheduler=scheduler.state_dict())
+    try:
+        hk.save_checkpoint(path, model, optimizer, **steps,  # hvdkit: rank 0 writes
+                           epoch=epoch, batch=batch, scheduler=scheduler.state_dict())
+    except hk.CheckpointError as exc:  # e.g. the disk filled up: one line, the previous checkpoint kept
+        raise SystemExit(f"error: {exc}") from None
 
 
 def main():
@@ -88,6 +91,11 @@ def main():
     # hvdkit: from rate/size up to the scaled rate over the first epochs
     scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
     start_epoch, start_batch = 0, 0
+    if checkpoint:
+        try:  # hvdkit: a read-only or full checkpoint directory stops the job now, not after an epoch
+            hk.check_checkpoint_path(checkpoint, model, optimizer)
+        except hk.CheckpointError as exc:
+            raise SystemExit(f"error: {exc}") from None
     if args.resume and checkpoint:
         try:
             extra = hk.load_checkpoint(checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load

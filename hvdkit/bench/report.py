@@ -15,18 +15,11 @@ import time
 from collections.abc import Callable
 
 from hvdkit.core.console import text_table
+from hvdkit.core.units import format_bytes
 
 
 def bus_factor(n: int) -> float:
     return 2 * (n - 1) / n if n > 1 else 1.0
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n}"
 
 
 def allreduce_rows(payloads: list[dict]) -> list[dict]:
@@ -73,7 +66,7 @@ def allreduce_table(rows: list[dict], references: tuple[str, ...] = ("mpi4py", "
     header = ["size"] + impls + [f"{subject}/{ref}" for ref in refs]
     lines = [header]
     for size in sorted({r["bytes"] for r in sweep}):
-        line = [human_bytes(size)] + [f"{by[(i, size)]['busbw_GBps']:.2f}" if (i, size) in by else "-" for i in impls]
+        line = [format_bytes(size)] + [f"{by[(i, size)]['busbw_GBps']:.2f}" if (i, size) in by else "-" for i in impls]
         for ref in refs:
             have = (subject, size) in by and (ref, size) in by
             line.append(f"{by[(subject, size)]['busbw_GBps'] / by[(ref, size)]['busbw_GBps']:.0%}" if have else "-")

@@ -13,11 +13,11 @@ import argparse
 import json
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
-from hvdkit.bench.report import human_bytes, plot_plan
+from hvdkit.bench.report import plot_plan
 from hvdkit.core.console import text_table
 from hvdkit.core.errors import UserError
 from hvdkit.core.plan import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
-from hvdkit.core.units import parse_count
+from hvdkit.core.units import format_bytes, parse_count
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -85,7 +85,7 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
         return 0
-    print(f"model: {params / 1e6:.1f} M params, {human_bytes(work.grad_bytes)} of gradients per step; "
+    print(f"model: {params / 1e6:.1f} M params, {format_bytes(work.grad_bytes)} of gradients per step; "
           f"compute {compute_s * 1e3:.1f} ms/step; overlap {args.overlap:.0%}")
     print(f"network: {net.bandwidth / 1e9:.3g} GB/s per link, {net.latency * 1e6:.3g} us per message")
     for note in notes:

@@ -1,9 +1,11 @@
-"""Checkpoint files, framework-neutral: atomic writes, checksums, keep-last-N and fallback.
+"""Checkpoint files, framework-neutral: atomic writes, keep-last-N, fallback and pre-flight checks.
 
 A checkpoint is written to a temporary file in the same directory, flushed and
 fsync'ed, then renamed over the target. ``os.replace`` is atomic on POSIX, so a
 process killed mid-save leaves either the old checkpoint or the new one, never a
-truncated file.
+truncated file. Its integrity check is inside the file (:mod:`hvdkit.core.integrity`),
+so that one rename makes the file and its check valid together; the temporary
+files a killed save leaves behind are removed by the next save to that place.
 
 Example::
 
@@ -13,38 +15,76 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from hvdkit.core.errors import UserError
+from hvdkit.core.units import format_bytes
 
 log = logging.getLogger("hvdkit.checkpoint")
-CHECKSUM_SUFFIX = ".sha256"
+# Written beside each checkpoint by hvdkit before the digest moved inside the file;
+# still verified when an old checkpoint has one, removed when a new one replaces it.
+LEGACY_CHECKSUM_SUFFIX = ".sha256"
+
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike."""
+
+
+def _temp_pattern(path: str) -> str:
+    return os.path.join(glob.escape(os.path.dirname(path) or "."), f".{glob.escape(os.path.basename(path))}.*.tmp")
+
+
+def remove_leftovers(path: str | os.PathLike) -> list[str]:
+    """Delete the temporary files an earlier, killed save to ``path`` left behind."""
+    removed = []
+    for tmp in glob.glob(_temp_pattern(os.fspath(path))):
+        try:
+            os.unlink(tmp)
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    if removed:
+        log.info("removed %d temporary file(s) of an interrupted save: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(file)`` on a temporary file, then atomically move it to ``path``."""
+    """Call ``write(file)`` on a temporary file, then atomically move it to ``path``.
+
+    An OSError (read-only directory, full disk, quota) becomes a
+    :class:`CheckpointError` that names the path and the fix; the temporary
+    file is removed and the previous ``path`` is untouched.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        remove_leftovers(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise CheckpointError(_cannot_write(path, exc)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise CheckpointError(_cannot_write(path, exc)) from exc
         raise
     # Make the rename itself durable.
     dir_fd = os.open(directory, os.O_RDONLY)
@@ -54,7 +94,39 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         os.close(dir_fd)
 
 
-# ---- checksums, directories of checkpoints, fallback ---------------------------------
+def _cannot_write(path: str, exc: OSError) -> str:
+    fix = {errno.ENOSPC: "free space there or save elsewhere",
+           errno.EDQUOT: "free space in your quota or save elsewhere",
+           errno.EROFS: "save to a writable file system",
+           errno.EACCES: "save to a directory you can write to, or fix its permissions"}
+    return (f"cannot write checkpoint {path!r}: {exc.strerror or exc} (errno {exc.errno}): "
+            f"{fix.get(exc.errno, 'check the path and the file system')}; the previous checkpoint is untouched")
+
+
+def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:
+    """None when a checkpoint of about ``need_bytes`` can be saved at ``path``; else the one-line reason and fix.
+
+    Creates the directory, writes and removes a probe file, and compares the
+    free space with ``need_bytes``: run it before training, not after the
+    first epoch.
+    """
+    path = os.fspath(path)
+    directory = path if is_directory_target(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return _cannot_write(path, exc).replace("; the previous checkpoint is untouched", "")
+    free = shutil.disk_usage(directory).free
+    if need_bytes and free < need_bytes:
+        return (f"checkpoint directory {directory!r} has {format_bytes(free)} free but a checkpoint of this model "
+                f"needs about {format_bytes(need_bytes)}: free space there or choose another --checkpoint path")
+    return None
+
+
+# ---- legacy sidecar checksums, directories of checkpoints, fallback --------------------------
 
 
 def file_sha256(path: str) -> str:
@@ -65,28 +137,29 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Atomic write, then an atomic ``<path>.sha256`` beside it.
+def verify_legacy_checksum(path: str) -> str | None:
+    """For a checkpoint saved before the digest moved inside the file: None when its ``.sha256`` matches."""
+    try:
+        with open(path + LEGACY_CHECKSUM_SUFFIX, encoding="utf-8") as f:
+            expected = f.read().split()[0]
+    except (OSError, IndexError):
+        return ("it is an older-format checkpoint without its .sha256 file, so it cannot be verified "
+                "(copy the .sha256 beside it, or load it once with an hvdkit of its own version and save again)")
+    return None if file_sha256(path) == expected else "checksum mismatch with its .sha256 (the file is damaged)"
 
-    The checksum is written last: a checkpoint whose checksum is missing was
-    interrupted between the two renames and is not trusted.
+
+def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Atomic write of a self-verifying checkpoint; a stale legacy ``.sha256`` beside it is removed.
+
+    The legacy sidecar is only read for older-format files, so a crash between
+    the rename and its removal leaves nothing that blocks a resume.
     """
     path = os.fspath(path)
     atomic_write(path, write)
-    digest = file_sha256(path)
-    atomic_write(path + CHECKSUM_SUFFIX, lambda f: f.write(f"{digest}  {os.path.basename(path)}\n".encode()))
-
-
-def verify_checksum(path: str) -> str | None:
-    """None when ``path`` matches its ``.sha256``; otherwise why it does not."""
-    if not os.path.exists(path):
-        return "missing"
     try:
-        with open(path + CHECKSUM_SUFFIX, encoding="utf-8") as f:
-            expected = f.read().split()[0]
-    except (OSError, IndexError):
-        return "no checksum file (the save was interrupted)"
-    return None if file_sha256(path) == expected else "checksum mismatch (the file is damaged)"
+        os.unlink(path + LEGACY_CHECKSUM_SUFFIX)
+    except FileNotFoundError:
+        pass
 
 
 @dataclass
@@ -97,13 +170,13 @@ class Selection:
 
 
 class CheckpointDir:
-    """A directory of ``<prefix>-<step>.<ext>`` checkpoints with checksums and keep-last-N.
+    """A directory of ``<prefix>-<step>.<ext>`` checkpoints with keep-last-N and fallback.
 
     Example::
 
         ckpts = CheckpointDir("ckpts", suffix=".pt", keep_last=3)
         ckpts.save(step=12, write=lambda f: torch.save(state, f))     # ckpts/ckpt-00000012.pt
-        chosen = ckpts.select(load=lambda p: torch.load(p))           # newest that verifies and loads
+        chosen = ckpts.select(load=read_and_verify)                   # newest that loads and verifies
     """
 
     def __init__(self, directory: str | os.PathLike, suffix: str, prefix: str = "ckpt", keep_last: int | None = None):
@@ -127,17 +200,30 @@ class CheckpointDir:
 
     def save(self, step: int, write: Callable[[BinaryIO], None]) -> str:
         path = self.path_for(step)
+        self.remove_leftovers()
         write_checkpoint_file(path, write)
         self.prune()
         return path
 
+    def remove_leftovers(self) -> list[str]:
+        """Temporary files of killed saves of any step (``.ckpt-00000005.pt.<random>.tmp``)."""
+        removed = []
+        pattern = os.path.join(glob.escape(self.directory), f".{self.prefix}-*{self.suffix}.*.tmp")
+        for tmp in glob.glob(pattern):
+            try:
+                os.unlink(tmp)
+                removed.append(tmp)
+            except FileNotFoundError:
+                pass
+        return removed
+
     def prune(self) -> list[str]:
-        """Delete all but the newest ``keep_last`` checkpoints (and their checksums)."""
+        """Delete all but the newest ``keep_last`` checkpoints (and any legacy checksum files)."""
         if self.keep_last is None:
             return []
         removed = self.checkpoints()[self.keep_last:]
         for path in removed:
-            for p in (path, path + CHECKSUM_SUFFIX):
+            for p in (path, path + LEGACY_CHECKSUM_SUFFIX):
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
@@ -145,21 +231,25 @@ class CheckpointDir:
         return removed
 
     def select(self, load: Callable[[str], Any]) -> Selection:
-        """The newest checkpoint that verifies and loads; warns for each newer one skipped."""
+        """The newest checkpoint that ``load`` reads and verifies; warns for each newer one skipped.
+
+        ``load(path)`` returns the payload or raises: :class:`CheckpointError`
+        with the reason (damaged, wrong format) or any other exception.
+        """
         skipped: list[tuple[str, str]] = []
         for path in self.checkpoints():
-            reason = verify_checksum(path)
-            if reason is None:
-                try:
-                    payload = load(path)
-                except Exception as exc:          # a loader's own check failed: try an older one
-                    reason = f"does not load ({type(exc).__name__}: {exc})"
-                else:
-                    for bad, why in skipped:
-                        log.warning("checkpoint %s skipped: %s", bad, why)
-                    if skipped:
-                        log.warning("resuming from %s instead", path)
-                    return Selection(path, payload, skipped)
+            try:
+                payload = load(path)
+            except CheckpointError as exc:        # the loader's own check failed: try an older one
+                reason = str(exc)
+            except Exception as exc:
+                reason = f"does not load ({type(exc).__name__}: {exc})"
+            else:
+                for bad, why in skipped:
+                    log.warning("checkpoint %s skipped: %s", bad, why)
+                if skipped:
+                    log.warning("resuming from %s instead", path)
+                return Selection(path, payload, skipped)
             skipped.append((path, reason))
         if not skipped:
             raise FileNotFoundError(f"no checkpoints in {self.directory!r}: check the directory, or start "
@@ -169,8 +259,10 @@ class CheckpointDir:
                          "or start without --resume")
 
 
-class CheckpointError(UserError):
-    """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike."""
+def damaged(path: str, why: str) -> CheckpointError:
+    """The error for a checkpoint that fails its integrity check (the same words in both adapters)."""
+    return CheckpointError(f"checkpoint {path!r} is damaged: {why}; restore an older checkpoint, or save into a "
+                           "directory (a path ending in '/') so resume falls back to the newest good one")
 
 
 def is_directory_target(path: str | os.PathLike) -> bool:
@@ -180,7 +272,7 @@ def is_directory_target(path: str | os.PathLike) -> bool:
 
 def save_to(path: str | os.PathLike, write: Callable[[BinaryIO], None], suffix: str,
             step: int | None, keep_last: int | None) -> str:
-    """Save to a file (with checksum), or into a checkpoint directory as ``ckpt-<step>``."""
+    """Save to a file, or into a checkpoint directory as ``ckpt-<step>``; ``write`` embeds the digest."""
     if is_directory_target(path):
         if step is None:
             raise CheckpointError(f"{os.fspath(path)!r} is a directory: pass step= (e.g. the epoch) to name the "
@@ -193,8 +285,9 @@ def save_to(path: str | os.PathLike, write: Callable[[BinaryIO], None], suffix: 
 
 
 def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) -> tuple[str, Any]:
-    """(chosen file, payload): the newest good checkpoint of a directory, or a verified file.
+    """(chosen file, payload): the newest good checkpoint of a directory, or one file.
 
+    ``read(path)`` loads and verifies (see :func:`CheckpointDir.select`).
     Raises :class:`CheckpointError` naming the cause and the fix.
     """
     path = os.fspath(path)
@@ -206,11 +299,6 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
         return chosen.path, chosen.payload
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
-    if os.path.exists(path + CHECKSUM_SUFFIX):
-        reason = verify_checksum(path)
-        if reason is not None:
-            raise CheckpointError(f"checkpoint {path!r} is corrupt ({reason}): restore an older checkpoint, "
-                                  "or save into a directory so resume falls back automatically")
     return path, read(path)
 
 

@@ -5,6 +5,7 @@ Example::
     parse_bytes("16M")        # 16777216
     parse_byte_range("4K:1M") # [4096, 16384, 65536, 262144, 1048576]
     parse_count("25.6M")      # 25600000.0
+    format_bytes(16 << 20)    # '16 MiB'
 """
 
 from __future__ import annotations
@@ -50,3 +51,12 @@ def parse_count(text: str) -> float:
         return float(t[:-1] if unit else t) * _COUNT_UNITS[unit]
     except ValueError:
         raise UserError(f"parameter count {text!r} is not understood: write e.g. 25.6M or 1.5B") from None
+
+
+def format_bytes(n: float) -> str:
+    """A byte count in binary units, three significant digits: ``16 MiB``, ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:g} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

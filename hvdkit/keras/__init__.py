@@ -19,7 +19,7 @@ from hvdkit.core.preemption import REQUEUE_EXIT_CODE
 from hvdkit.keras import elastic
 from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
 from hvdkit.keras.callbacks import callbacks
-from hvdkit.keras.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hvdkit.keras.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.keras.context import Context, current, init, seed_everything
 from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps_per_epoch
 from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
@@ -38,7 +38,8 @@ def __getattr__(name: str):
 __all__ = [
     "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "REQUEUE_EXIT_CODE",
     "SyncBatchNormalization",
-    "broadcast_state", "callbacks", "current", "elastic", "get_logger", "init", "load_checkpoint",
+    "broadcast_state", "callbacks", "check_checkpoint_path", "current", "elastic", "get_logger", "init",
+    "load_checkpoint",
     "metric_average", "progress", "resolve_backend", "save_checkpoint", "scale_lr", "seed_everything",
     "shard_arrays", "shard_dataset", "steps_per_epoch", "use_backend",
 ]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 
+from hvdkit.core.checkpoint_files import is_directory_target
 from hvdkit.core.lr import warmup_lr
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.core.preemption import Preemption
 from hvdkit.keras.backend import keras_module
-from hvdkit.keras.checkpoint import save_checkpoint
+from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import broadcast_state, get_learning_rate, set_learning_rate
@@ -40,10 +41,12 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     Warmup is given in epochs or in steps (batches), as for
     :func:`hvdkit.torch.warmup_scheduler`; fit's steps per epoch turn epochs into steps.
 
-    ``preemption_checkpoint``: a file or directory; when any rank gets SIGTERM or
-    SIGUSR1, every rank stops at the next batch end, rank 0 writes a checkpoint
-    there (``epoch`` and ``batch`` in its extra) and the processes exit with
-    ``hvdkit.core.preemption.REQUEUE_EXIT_CODE``.
+    ``preemption_checkpoint``: a file or a directory (ending in '/'); when any
+    rank gets SIGTERM or SIGUSR1, every rank stops at the next batch end, rank 0
+    writes a checkpoint there (``epoch`` and ``batch`` in its extra; in a
+    directory as ``ckpt-<global step>.npz``) and the processes exit with
+    ``hvdkit.core.preemption.REQUEUE_EXIT_CODE``. That the path is writable is
+    checked when ``fit`` starts, not when the signal comes.
     """
     ctx = current()
     classes = _callback_classes(ctx.backend)
@@ -146,13 +149,20 @@ def _callback_classes(mode: str) -> dict[str, type]:
             # Ranks agree through one tiny allreduce per batch: the mean of the flags is > 0 if any is set.
             self.guard = Preemption(lambda flag: int(coll.average_floats([float(flag)], "hvdkit.preemption")[0] > 0))
 
+        def on_train_begin(self, logs=None):
+            check_checkpoint_path(self.path, self.model, self.model.optimizer)
+
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
             if self.guard.requested():
                 self.stopped_at = (self.epoch, batch + 1)
-                save_checkpoint(self.path, self.model, self.model.optimizer, epoch=self.epoch, batch=batch + 1)
+                # In a directory the file is named by the global step, so a later preemption sorts newer.
+                step = self.epoch * (self.params.get("steps") or 0) + batch + 1
+                where = {"step": step} if is_directory_target(self.path) else {}
+                save_checkpoint(self.path, self.model, self.model.optimizer, epoch=self.epoch, batch=batch + 1,
+                                **where)
                 self.guard.exit()
 
     classes = {"BroadcastInitialState": BroadcastInitialState, "MetricAverage": MetricAverage,

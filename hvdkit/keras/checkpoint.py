@@ -2,7 +2,12 @@
 
 The file is a NumPy ``.npz`` holding the model's variables, the optimizer's
 variables and a JSON header, so the same format serves Keras 3 (both
-backends) and tf-keras.
+backends) and tf-keras. The header carries a SHA-256 over the whole content,
+so a copy of the file is verified wherever it goes. Without hvdkit::
+
+    with np.load("ckpt.npz") as f:
+        weights = [f[f"model_{i}"] for i in range(json.loads(bytes(f["header"]))["n_model"])]
+    model.set_weights(weights)      # the order of model.weights
 
 Example::
 
@@ -18,12 +23,21 @@ import os
 import numpy as np
 
 import hvdkit
-from hvdkit.core.checkpoint_files import CheckpointError, read_on_root, save_to
+from hvdkit.core.checkpoint_files import (
+    CheckpointError,
+    check_writable,
+    damaged,
+    read_on_root,
+    save_to,
+    verify_legacy_checksum,
+)
+from hvdkit.core.integrity import DIGEST_KEY, check_digest, content_digest
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import ensure_built, optimizer_variables
 
-FORMAT = "hvdkit.keras/1"
+FORMAT = "hvdkit.keras/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
+LEGACY_FORMAT = "hvdkit.keras/1"
 
 
 def _numpy(variable) -> np.ndarray:
@@ -33,7 +47,7 @@ def _numpy(variable) -> np.ndarray:
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
                     keep_last: int | None = None, **extra) -> bool:
-    """Write model and optimizer variables and ``extra`` on rank 0 only (atomic, with a checksum).
+    """Write model and optimizer variables and ``extra`` on rank 0 only (atomic, self-verifying).
 
     ``path`` is a file or a directory (ending in '/') of ``ckpt-<step>.npz``
     files, as in :func:`hvdkit.torch.save_checkpoint`.
@@ -48,6 +62,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
         extra = {"step": step, **extra}
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars), "extra": extra}
+    header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
+    header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
     arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
@@ -64,9 +80,36 @@ def _read(path: str) -> dict:
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
                               "restore an older checkpoint or start without --resume") from exc
-    if header.get("format") != FORMAT:
+    if header.get("format") not in (FORMAT, LEGACY_FORMAT):
         raise CheckpointError(f"{path!r} is not an hvdkit.keras checkpoint: save it with hvdkit.keras.save_checkpoint")
-    return {"header": header, "model": model_vars, "optimizer": opt_vars}
+    body = {"header": header, "model": model_vars, "optimizer": opt_vars}
+    if header["format"] == FORMAT:
+        stored = header.pop(DIGEST_KEY, None)
+        why = check_digest({"header": header, "model": model_vars, "optimizer": opt_vars, DIGEST_KEY: stored})
+    else:
+        why = verify_legacy_checksum(path)
+    if why is not None:
+        raise damaged(path, why)
+    return body
+
+
+def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -> None:
+    """Before training: rank 0 checks a checkpoint can be written at ``path``; every rank raises if not.
+
+    As :func:`hvdkit.torch.check_checkpoint_path`; :func:`hvdkit.keras.callbacks`
+    runs it for ``preemption_checkpoint`` at the start of ``fit``.
+    """
+    ctx = current()
+    problem = None
+    if ctx.is_main:
+        need = 0
+        if model is not None and model.built:
+            need = sum(_numpy(v).nbytes for v in model.variables)
+            need *= 3 if optimizer is not None else 1    # weights, plus an Adam-like optimizer's two moments
+        problem = check_writable(path, need)
+    problem = for_mode(ctx.backend).broadcast_object(problem, 0, name="hvdkit.check_checkpoint_path")
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:

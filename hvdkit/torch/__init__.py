@@ -16,7 +16,7 @@ The same names as :mod:`hvdkit.keras` where both have the thing; docs/API.md lis
 from hvdkit.core.console import get_logger, progress
 from hvdkit.torch import elastic
 from hvdkit.torch._horovod import hvd
-from hvdkit.torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
 from hvdkit.torch.data import (
     ResumableDistributedSampler,
@@ -26,6 +26,7 @@ from hvdkit.torch.data import (
     eval_loader,
     evaluate,
     metric_average,
+    shard_arrays,
 )
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 from hvdkit.torch.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
@@ -36,7 +37,8 @@ SyncBatchNorm = hvd.SyncBatchNorm
 __all__ = [
     "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
     "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm",
-    "allreduce_sum", "broadcast_state", "current", "distributed_loader", "elastic", "eval_loader", "evaluate",
+    "allreduce_sum", "broadcast_state", "check_checkpoint_path", "current", "distributed_loader", "elastic",
+    "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
-    "scale_lr", "seed_everything", "step", "warmup_scheduler",
+    "scale_lr", "seed_everything", "shard_arrays", "step", "warmup_scheduler",
 ]

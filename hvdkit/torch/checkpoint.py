@@ -8,6 +8,13 @@ Example::
 
 A single file path works too (``"ckpt.pt"``); a directory adds keep-last-N and
 automatic fallback past a damaged newest checkpoint.
+
+The file is a plain ``torch.save`` dict that carries its own SHA-256 over its
+content (``"integrity"``), so a copy is verified wherever it goes. For
+inference without hvdkit::
+
+    state = torch.load("ckpt.pt", map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
 """
 
 from __future__ import annotations
@@ -18,12 +25,34 @@ import os
 import torch
 
 import hvdkit
-from hvdkit.core.checkpoint_files import CheckpointError, read_on_root, save_to
+from hvdkit.core.checkpoint_files import (
+    CheckpointError,
+    check_writable,
+    damaged,
+    read_on_root,
+    save_to,
+    verify_legacy_checksum,
+)
+from hvdkit.core.integrity import DIGEST_KEY, check_digest, content_digest
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 from hvdkit.torch.tensors import to_cpu
 
-FORMAT = "hvdkit.torch/1"
+FORMAT = "hvdkit.torch/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
+LEGACY_FORMAT = "hvdkit.torch/1"
+
+
+def tensor_bytes(obj):
+    """(dtype and shape, raw bytes) of a dense tensor, for :func:`hvdkit.core.integrity.content_digest`."""
+    if not isinstance(obj, torch.Tensor):
+        return None
+    t = obj.detach().cpu()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.is_quantized:
+        t = t.int_repr()
+    t = t.contiguous()
+    return f"{t.dtype}{tuple(t.shape)}", memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
@@ -33,8 +62,11 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
 
     ``path`` is a file, or a directory (ending in '/') holding ``ckpt-<step>.pt``
     files of which the newest ``keep_last`` are kept. Writes are atomic
-    (temporary file + fsync + rename) with a ``.sha256`` beside each file: a
-    crash mid-save leaves the previous checkpoint intact and detectable.
+    (temporary file + fsync + rename) and the file carries a SHA-256 of its
+    content: a crash mid-save leaves the previous checkpoint intact, and a
+    damaged copy is refused on load. A full or read-only disk raises
+    :class:`CheckpointError` naming the fix (run :func:`check_checkpoint_path`
+    before training to find out then).
     """
     ctx = current()
     if not ctx.is_main:
@@ -49,6 +81,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     }
     if step is not None:
         state["extra"] = {"step": step, **extra}
+    state[DIGEST_KEY] = content_digest(state, tensor_bytes)
     save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last)
     return True
 
@@ -60,9 +93,38 @@ def _read(path: str) -> dict:
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
                               "restore an older checkpoint or start without --resume") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, LEGACY_FORMAT):
         raise CheckpointError(f"{path!r} is not an hvdkit.torch checkpoint: save it with hvdkit.torch.save_checkpoint")
+    why = check_digest(state, tensor_bytes) if state["format"] == FORMAT else verify_legacy_checksum(path)
+    if why is not None:
+        raise damaged(path, why)
     return state
+
+
+def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None = None,
+                          optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Before training: rank 0 checks a checkpoint can be written at ``path``; every rank raises if not.
+
+    Catches a read-only, missing-permission or full checkpoint directory at
+    start-up instead of after the first epoch. With ``model`` (and
+    ``optimizer``) the free space is compared with the checkpoint's size,
+    estimated from the tensors it will hold (Adam's state is counted once it exists, so count it as 2x).
+
+    Example::
+
+        hk.check_checkpoint_path("ckpts/", model, optimizer)   # CheckpointError on every rank when unusable
+    """
+    ctx = current()
+    problem = None
+    if ctx.is_main:
+        need = 0
+        if model is not None:
+            need = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
+            need *= 3 if optimizer is not None else 1    # weights, plus an Adam-like optimizer's two moments
+        problem = check_writable(path, need)
+    problem = hvd.broadcast_object(problem, root_rank=0, name="hvdkit.check_checkpoint_path")
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,

@@ -61,12 +61,15 @@ def test_sigterm_on_one_rank_checkpoints_every_rank_and_resumes_exactly(tmp_path
         assert resumed[r]["params"] == reference[r]["params"], "resumed training diverged from the uninterrupted run"
 
 
-@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
-def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path, mode):
-    ckpt, out = tmp_path / "ckpt.npz", tmp_path / "preempted"
+@pytest.mark.parametrize("mode, target", [("tensorflow", "ckpt.npz"), ("torch", "ckpt.npz"),
+                                          ("tensorflow", "ckpts/")])
+def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path, mode, target):
+    """``target`` "ckpts/" is the form docs/CLUSTERS.md shows; before, rank 0 raised "pass step=" and wrote
+    nothing, and the job exited 1 instead of 75."""
+    ckpt, out = f"{tmp_path}/{target}", tmp_path / "preempted"
     out.mkdir()
     worker = str(WORKERS / "keras_preempt.py")
-    output, ended = sigterm_one_rank([worker, "--out", str(out), "--mode", mode, "--ckpt", str(ckpt)],
+    output, ended = sigterm_one_rank([worker, "--out", str(out), "--mode", mode, "--ckpt", ckpt],
                                      progress_at_least(out / "progress", (3,)),
                                      lambda: int((out / "pid1").read_text()))
     assert ended < 30 and f"Exit code: {REQUEUE_EXIT_CODE}" in output, (ended, output[-3000:])
@@ -75,11 +78,14 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
     assert marks[1]["signal"] == signal.SIGTERM and marks[0]["signal"] is None
     out2 = tmp_path / "resume"         # every rank loads the checkpoint at the batch it stopped
     out2.mkdir()
-    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(out2), "--mode", mode, "--ckpt", str(ckpt),
+    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(out2), "--mode", mode, "--ckpt", ckpt,
                                       "--check-resume"]), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(out2, 2, proc.stdout):
         assert [r["epoch"], r["batch"]] == marks[0]["stopped_at"] and r["size"] == 2
+    if target.endswith("/"):
+        epoch, batch = marks[0]["stopped_at"]
+        assert [p.name for p in (tmp_path / target).iterdir()] == [f"ckpt-{epoch * 30 + batch:08d}.npz"]
 
 
 def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):

@@ -1,17 +1,23 @@
-"""Checkpoint directories: checksums, keep-last-N and falling back past damaged checkpoints."""
+"""Checkpoint files: atomic saves, keep-last-N, falling back past damaged checkpoints, leftovers of killed
+saves, and saves to unwritable or full places stopping with one line."""
 
+import errno
 import logging
 import os
 
 import pytest
 
 from hvdkit.core.checkpoint_files import (
-    CHECKSUM_SUFFIX,
+    LEGACY_CHECKSUM_SUFFIX,
     CheckpointDir,
     CheckpointError,
+    atomic_write,
+    check_writable,
+    damaged,
+    file_sha256,
     read_from,
     save_to,
-    verify_checksum,
+    verify_legacy_checksum,
 )
 
 pytestmark = pytest.mark.unit
@@ -22,26 +28,26 @@ def writer(text):
 
 
 def read_text(path):
+    """A loader that verifies, as the adapters' do: 'state N' is good, anything else is damaged."""
     with open(path) as f:
         text = f.read()
     if not text.startswith("state"):
-        raise ValueError("not a state")
+        raise damaged(path, "not a state")
     return text
 
 
-def test_save_prunes_to_keep_last_and_writes_checksums(tmp_path):
+def test_save_prunes_to_keep_last_and_leaves_only_the_checkpoints(tmp_path):
     d = CheckpointDir(tmp_path, ".txt", keep_last=2)
     for step in range(4):
         d.save(step, writer(f"state {step}"))
     assert [os.path.basename(p) for p in d.checkpoints()] == ["ckpt-00000003.txt", "ckpt-00000002.txt"]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000002.txt", "ckpt-00000002.txt.sha256",
-                                            "ckpt-00000003.txt", "ckpt-00000003.txt.sha256"]
-    assert all(verify_checksum(p) is None for p in d.checkpoints())
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000002.txt", "ckpt-00000003.txt"]
 
 
 @pytest.mark.parametrize("damage, reason", [
-    (lambda p: open(p, "r+b").write(b"X"), "checksum mismatch"),
-    (lambda p: os.unlink(p + CHECKSUM_SUFFIX), "no checksum file"),
+    (lambda p: open(p, "r+b").write(b"X"), "is damaged: not a state"),
+    (lambda p: open(p, "wb").close(), "is damaged: not a state"),
+    (lambda p: os.chmod(p, 0) if os.geteuid() else os.unlink(p), None),
 ])
 def test_select_falls_back_past_a_damaged_newest(tmp_path, caplog, damage, reason):
     d = CheckpointDir(tmp_path, ".txt")
@@ -51,35 +57,81 @@ def test_select_falls_back_past_a_damaged_newest(tmp_path, caplog, damage, reaso
     with caplog.at_level(logging.WARNING, logger="hvdkit.checkpoint"):
         chosen = d.select(read_text)
     assert chosen.payload == "state 2" and chosen.path == d.path_for(2)
-    assert chosen.skipped == [(d.path_for(3), chosen.skipped[0][1])] and reason in chosen.skipped[0][1]
-    assert "ckpt-00000003.txt skipped" in caplog.text and "resuming from" in caplog.text
+    if reason:
+        assert chosen.skipped == [(d.path_for(3), chosen.skipped[0][1])] and reason in chosen.skipped[0][1]
+        assert "ckpt-00000003.txt skipped" in caplog.text and "resuming from" in caplog.text
 
 
 def test_select_skips_a_checkpoint_that_does_not_load(tmp_path):
     d = CheckpointDir(tmp_path, ".txt")
     d.save(1, writer("state 1"))
-    d.save(2, writer("garbage with a valid checksum"))
-    chosen = d.select(read_text)
-    assert chosen.payload == "state 1" and "does not load" in chosen.skipped[0][1]
+    d.save(2, writer("state two"))
+    chosen = d.select(lambda p: int(open(p).read().split()[1]))
+    assert chosen.payload == 1 and "does not load (ValueError" in chosen.skipped[0][1]
 
 
 def test_no_usable_checkpoint_names_each_and_the_fix(tmp_path):
     d = CheckpointDir(tmp_path, ".txt")
-    d.save(1, writer("state 1"))
-    open(d.path_for(1), "ab").write(b"!")
-    with pytest.raises(CheckpointError, match=r"ckpt-00000001.txt: checksum mismatch.*start without --resume"):
+    d.save(1, writer("garbage 1"))
+    with pytest.raises(CheckpointError, match=r"ckpt-00000001.txt: .* is damaged.*start without --resume"):
         read_from(str(tmp_path) + "/", read_text, ".txt")
     with pytest.raises(CheckpointError, match="no checkpoints in"):
         read_from(str(tmp_path / "empty") + "/", read_text, ".txt")
 
 
-def test_single_file_is_verified_when_it_has_a_checksum(tmp_path):
+def test_a_new_save_removes_a_stale_legacy_checksum_so_it_can_never_block_a_resume(tmp_path):
     path = str(tmp_path / "model.txt")
+    (tmp_path / "model.txt.sha256").write_text("0" * 64 + "  model.txt\n")
     save_to(path, writer("state 7"), ".txt", step=None, keep_last=None)
+    assert os.listdir(tmp_path) == ["model.txt"]
     assert read_from(path, read_text, ".txt") == (path, "state 7")
-    open(path, "ab").write(b"!")
-    with pytest.raises(CheckpointError, match="corrupt \\(checksum mismatch"):
-        read_from(path, read_text, ".txt")
+
+
+def test_legacy_checkpoints_are_verified_by_their_sidecar_and_refused_without_it(tmp_path):
+    path = tmp_path / "old.pt"
+    path.write_bytes(b"old format")
+    assert "cannot be verified" in verify_legacy_checksum(str(path))
+    (tmp_path / f"old.pt{LEGACY_CHECKSUM_SUFFIX}").write_text(f"{file_sha256(str(path))}  old.pt\n")
+    assert verify_legacy_checksum(str(path)) is None
+    path.write_bytes(b"old formaT")
+    assert "checksum mismatch" in verify_legacy_checksum(str(path))
+
+
+def test_the_next_save_removes_the_temporary_files_of_a_killed_one(tmp_path):
+    (tmp_path / ".model.txt.abc123.tmp").write_text("half a checkpoint")
+    (tmp_path / ".ckpt-00000005.txt.x1.tmp").write_text("half")
+    (tmp_path / ".unrelated.tmp").write_text("not ours")
+    save_to(str(tmp_path / "model.txt"), writer("state 1"), ".txt", step=None, keep_last=None)
+    CheckpointDir(tmp_path, ".txt").save(6, writer("state 6"))
+    assert sorted(os.listdir(tmp_path)) == [".unrelated.tmp", "ckpt-00000006.txt", "model.txt"]
+
+
+def test_a_failing_write_is_one_line_with_the_fix_and_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "model.txt"
+    path.write_text("state 1")
+
+    def disk_full(f):
+        f.write(b"state 2 ...")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*No space left on device \(errno 28\): "
+                                              r"free space there or save elsewhere; the previous checkpoint"):
+        atomic_write(path, disk_full)
+    assert path.read_text() == "state 1" and os.listdir(tmp_path) == ["model.txt"]
+
+
+def test_check_writable_names_missing_space_with_the_numbers(tmp_path):
+    assert check_writable(str(tmp_path / "ckpts") + "/") is None and (tmp_path / "ckpts").is_dir()
+    assert os.listdir(tmp_path / "ckpts") == []                       # the probe is gone
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    problem = check_writable(str(tmp_path / "m.pt"), need_bytes=free * 2)
+    assert "free but a checkpoint of this model needs about" in problem
+
+
+def test_check_writable_on_a_file_where_the_directory_should_be(tmp_path):
+    (tmp_path / "blocker").write_text("a file")
+    problem = check_writable(str(tmp_path / "blocker" / "ckpts") + "/")
+    assert problem.startswith("cannot write checkpoint") and "errno" in problem
 
 
 def test_directory_needs_a_step_and_keep_last_needs_a_directory(tmp_path):
