@@ -101,6 +101,12 @@ def horovodrun_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[s
     return [_tool("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, *argv]
 
 
+def hvdkit_launch_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[str]:
+    """`hvdkit launch -np N -H localhost:N --gloo|--mpi -- python ...` on this interpreter."""
+    return [_tool("hvdkit"), "launch", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", "--",
+            sys.executable, *argv]
+
+
 def mpirun_cmd(np: int, argv: list[str]) -> list[str]:
     """Plain `mpirun -np N python ...` (as root it needs --allow-run-as-root)."""
     flags = ["--allow-run-as-root"] if os.geteuid() == 0 else []

@@ -21,6 +21,7 @@ from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import rank_layout
 from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
 from hvdkit.core.remote import discover_hosts, horovodrun_path, quick_check
+from hvdkit.core.tuning import check_horovod_environment
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -58,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
     check_command(cmd)
+    check_horovod_environment()
     build = BuildFlags.detect()
     script = args.host_discovery_script
     if args.slots is not None and not script:
@@ -89,11 +91,14 @@ def command(args: argparse.Namespace) -> int:
 def supervise(argv: tuple[str, ...], layout) -> int:
     """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
 
-    Termination signals sent to hvdkit are passed on to horovodrun (Ctrl-C
-    reaches both, as they share the terminal's process group). The exit code
-    is horovodrun's (128 + N when a signal N ended it).
+    SIGINT, SIGTERM and SIGHUP sent to hvdkit are passed on to horovodrun,
+    which stops the job (a Ctrl-C in the terminal reaches both, and horovodrun
+    takes a second SIGINT as it takes the first). If hvdkit itself dies,
+    horovodrun gets SIGTERM from the kernel, so no job runs on unsupervised.
+    The exit code is horovodrun's (128 + N when a signal N ended it).
     """
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            preexec_fn=_terminate_with_parent)
     tail: deque[str] = deque(maxlen=500)
 
     def pump(source, sink):
@@ -106,14 +111,13 @@ def supervise(argv: tuple[str, ...], layout) -> int:
                threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)]
     for reader in readers:
         reader.start()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda number, _frame: proc.send_signal(number))
-    while True:
-        try:
-            rc = proc.wait()
-            break
-        except KeyboardInterrupt:  # horovodrun got the same SIGINT; wait for it to wind the job down
-            continue
+    def forward(number, _frame):
+        if proc.poll() is None:
+            proc.send_signal(number)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    rc = proc.wait()
     for reader in readers:
         reader.join(timeout=5)
     if rc != 0:
@@ -121,3 +125,13 @@ def supervise(argv: tuple[str, ...], layout) -> int:
         print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'} "
               "(its own output is above)", file=sys.stderr, flush=True)
     return rc if rc >= 0 else 128 - rc
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent (hvdkit launch) dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))    # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):      # not Linux: the job then outlives a killed launcher
+        pass

@@ -79,8 +79,7 @@ class _Builder:
 
     def add(self, name: str, slots: int, where: str) -> None:
         if not valid_hostname(name):
-            raise HostSpecError(f"{where}: {name!r} is not a valid host name or IPv4 address: use letters, digits, "
-                                "'-' and '.', e.g. server1 or 10.0.0.5")
+            raise HostSpecError(f"{where}: {name!r} {_why_invalid(name)}")
         if slots < 1:
             raise HostSpecError(f"{where}: host {name!r} has {slots} slots: give it at least 1 (its number of GPUs)")
         if name in self.where:
@@ -93,6 +92,27 @@ class _Builder:
         if not self.hosts:
             raise HostSpecError(f"{self.source}: no hosts listed: add lines like 'server1 slots=4'")
         return HostSpec(tuple(self.hosts), self.source)
+
+
+def _why_invalid(name: str) -> str:
+    """What is wrong with a host name that :func:`valid_hostname` refused, and the fix."""
+    odd = next((c for c in name if not c.isascii() or not c.isprintable()), None)
+    if odd is not None:
+        return (f"contains the invisible or non-ASCII character U+{ord(odd):04X} at position {name.index(odd) + 1}: "
+                "retype the name, or save the file as plain ASCII/UTF-8 without a byte-order mark")
+    return ("is not a valid host name or IPv4 address: use letters, digits, '-' and '.', e.g. server1 or 10.0.0.5")
+
+
+def _reject_ipv6(item: str, where: str) -> None:
+    if item.startswith("[") or item.count(":") > 1:
+        raise HostSpecError(f"{where}: {item!r} looks like an IPv6 address, which horovodrun's host lists cannot "
+                            "hold (they split on ':'): use a host name that resolves to it (e.g. in /etc/hosts), "
+                            "or an IPv4 address such as 127.0.0.1:2")
+
+
+def _strip_bom(text: str) -> str:
+    # Editors on Windows start files with a byte-order mark; it is not part of the first host's name.
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def valid_hostname(name: str) -> bool:
@@ -113,7 +133,7 @@ def _slots(text: str, where: str, name: str) -> int:
 def parse_hosts_string(text: str) -> HostSpec:
     """Parse horovodrun's ``-H host1:slots,host2:slots`` (a missing ``:slots`` is an error)."""
     builder = _Builder("-H")
-    items = [item.strip() for item in text.split(",")]
+    items = [item.strip() for item in _strip_bom(text).split(",")]
     for i, item in enumerate(items, 1):
         where = f"-H item {i} ({item!r})"
         if not item:
@@ -124,6 +144,7 @@ def parse_hosts_string(text: str) -> HostSpec:
 
 def _add_host_colon_slots(builder: _Builder, item: str, where: str, fix: str) -> None:
     """One ``host:slots`` item (of -H, or a discovery script's output line); ``fix`` says what to write instead."""
+    _reject_ipv6(item, where)
     name, sep, slots = item.partition(":")
     if not sep:
         raise HostSpecError(f"{where}: slots are missing: {fix}")
@@ -137,7 +158,7 @@ def parse_discovery_output(text: str, script: str, default_slots: int | None = N
     many slots, as the MPI Operator's ``/etc/mpi/discover_hosts.sh`` prints them.
     """
     builder = _Builder(f"discovery script {script}")
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(_strip_bom(text).splitlines(), 1):
         line = line.strip()
         if not line:
             continue
@@ -156,13 +177,14 @@ def parse_discovery_output(text: str, script: str, default_slots: int | None = N
 def parse_hostfile_text(text: str, path: str = "<hostfile>") -> HostSpec:
     """Parse a hostfile; errors carry ``path:line``."""
     builder = _Builder(path)
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(_strip_bom(text).splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         where = f"{path}:{lineno}"
         fields = line.split()
         name = fields[0]
+        _reject_ipv6(name, where)
         slots = None
         if ":" in name and len(fields) == 1:             # server1:4
             name, _, count = name.partition(":")

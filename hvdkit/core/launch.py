@@ -200,9 +200,55 @@ def _cause(code: int) -> str:
     return f"exit status {code}"
 
 
+# horovodrun tags each line of a rank's output: Gloo "[1]<stderr>:", MPI (--tag-output) "[1,1]<stderr>:".
+_TAGGED = re.compile(r"^(?:\w{3} \w{3} +\d+ [\d:]+ \d{4})?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.M)
+# The last line of a Python traceback ("hvdkit.core.checkpoint_files.CheckpointError: cannot write ..."); a
+# script's own "error: ..." line (SystemExit with a message, as hvdkit's examples end) counts the same.
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)):?(.*)$")
+# What ranks raise *because* another rank failed first: they are not the cause.
+_CONSEQUENCE = re.compile(r"HorovodInternalError|Horovod has been shut down|HostsUpdatedInterrupt|"
+                          r"Connection reset by peer|Connection closed by peer|Broken pipe|"
+                          r"gloo::(?:IoException|EnforceNotMet)|Read error|Timed out waiting")
+
+
+# The patched Horovod's stall inspector (scripts/patches) ends a job whose ranks all wait in mismatched collectives.
+_DEADLOCK = re.compile(r"Deadlock: (every rank is waiting .*?)(?: Shutting Horovod down.*)?$", re.M)
+
+
+def first_exception(output: str) -> tuple[int, str] | None:
+    """(rank, its exception line) of the rank whose own error came first in horovodrun's tagged output.
+
+    Ranks that fail only because another rank died (Horovod shut down, a peer
+    closed the connection) are passed over: horovodrun lists ranks in the order
+    it reaps them, which is often not the order they failed in.
+    """
+    first: int | None = None
+    last_line = ""
+    for match in _TAGGED.finditer(output):
+        rank, text = int(match.group(1)), match.group(2).strip()
+        exc = _EXCEPTION.match(text)
+        own = (exc and exc.group(1) not in ("SystemExit", "KeyboardInterrupt")) or text.startswith("error: ")
+        if not own or _CONSEQUENCE.search(text):
+            continue
+        if first is None:
+            first = rank
+        if rank == first:
+            last_line = text          # a chained traceback ends with the exception that was raised last
+    return None if first is None else (first, last_line)
+
+
 def explain_failure(output: str, layout: list[RankPlacement]) -> str | None:
     """One line naming the rank that failed first, its host and the cause, from horovodrun's output."""
     hosts = {p.rank: p for p in layout}
+    deadlock = _DEADLOCK.search(output)
+    if deadlock:
+        return f"the ranks deadlocked: {deadlock.group(1)}"
+    raised = first_exception(output)
+    if raised is not None:
+        rank, text = raised
+        place = hosts.get(rank)
+        where = f" on {place.host}, local rank {place.local_rank}" if place else ""
+        return f"rank {rank}{where} failed first: {text[:300]}"
     match = _MPI_SIGNAL.search(output)
     if match:
         rank, node, number = int(match.group(1)), match.group(2), int(match.group(3))

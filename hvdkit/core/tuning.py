@@ -8,11 +8,15 @@ say) wins; Horovod's own knobs (``HOROVOD_CYCLE_TIME``, horovodrun's
 Example::
 
     apply_horovod_defaults(on_gpu=False)      # before hvd.init(); returns what it set
+    check_horovod_environment()               # UserError for HOROVOD_CYCLE_TIME=abc and the like
 """
 
 from __future__ import annotations
 
 import os
+import re
+
+from hvdkit.core.errors import UserError
 
 # Cycle time: Horovod's default (1 ms) everywhere. Its background thread
 # wakes every cycle to agree with the other ranks on which tensors are ready.
@@ -48,13 +52,55 @@ import os
 # Threads: see hvdkit.core.topology.cpu_threads_per_rank (cores / local ranks).
 
 
+# Horovod parses its numeric knobs with strtol/strtod and no check, so a typo
+# becomes 0: HOROVOD_CYCLE_TIME=abc is a 0 ms cycle (a spinning background
+# thread), HOROVOD_STALL_CHECK_DISABLE=true is "0" (not disabled).
+# name -> (what it is, an example value)
+NUMBER_SETTINGS = {
+    "HOROVOD_CYCLE_TIME": ("milliseconds between negotiation cycles", "1"),
+    "HOROVOD_FUSION_THRESHOLD": ("bytes in the fusion buffer", "67108864"),
+    "HOROVOD_CACHE_CAPACITY": ("entries in the response cache", "1024"),
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("seconds before a stall is reported", "60"),
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("seconds before a stalled job is shut down", "0"),
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": ("seconds Gloo waits to connect", "30"),
+    "HOROVOD_NUM_NCCL_STREAMS": ("NCCL streams per device", "1"),
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": ("samples discarded before autotuning", "3"),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": ("steps per autotune sample", "10"),
+}
+FLAG_SETTINGS = ("HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_MISMATCH_SHUTDOWN", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+                 "HOROVOD_HIERARCHICAL_ALLGATHER",
+                 "HOROVOD_AUTOTUNE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_DISABLE_GROUP_FUSION",
+                 "HOROVOD_ENABLE_XLA_OPS")
+_INTEGER = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "HOROVOD_NUM_NCCL_STREAMS",
+            "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE")
+
+
+def check_horovod_environment(environ=os.environ) -> None:
+    """Raise :class:`UserError` for a Horovod setting Horovod would silently misread (see above)."""
+    for name, (meaning, example) in NUMBER_SETTINGS.items():
+        value = environ.get(name)
+        if value is None:
+            continue
+        pattern = r"\s*\d+\s*" if name in _INTEGER or name.endswith("_SECONDS") else r"\s*(\d+\.?\d*|\.\d+)\s*"
+        if not re.fullmatch(pattern, value):
+            kind = "a whole number" if "." not in pattern else "a number"
+            raise UserError(f"{name}={value!r} is not {kind} >= 0 ({meaning}); Horovod would read it as 0: "
+                            f"set e.g. {name}={example}, or unset it")
+    for name in FLAG_SETTINGS:
+        value = environ.get(name)
+        if value is not None and value.strip() not in ("0", "1"):
+            raise UserError(f"{name}={value!r} is not 0 or 1 (Horovod reads only the leading digits, so "
+                            f"'true' means off): set {name}=1 or {name}=0")
+
+
 def horovod_defaults(on_gpu: bool) -> dict[str, str]:
     """The HOROVOD_* variables hvdkit would set, before looking at the environment."""
     return {} if on_gpu else {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def apply_horovod_defaults(on_gpu: bool, environ=os.environ) -> dict[str, str]:
-    """Set each default the environment does not already have; return what was set."""
+    """Check the environment's Horovod settings, set each default it does not already have; return what was set."""
+    check_horovod_environment(environ)
     applied = {}
     for key, value in horovod_defaults(on_gpu).items():
         if key not in environ:

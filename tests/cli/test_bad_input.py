@@ -50,6 +50,16 @@ CASES = [
      ["bad-hostfile:3", "slots for 'server2' must be a whole number", "server2 slots=4"]),
     ("malformed -H", ["hvdkit", "hosts", "-H", "server1:4,,server2:4"],
      ["-H item 2 is empty", "remove the extra comma"]),
+    ("IPv6 address in -H", ["hvdkit", "hosts", "-H", "[::1]:2"],
+     ["looks like an IPv6 address", "use a host name that resolves to it", "127.0.0.1:2"]),
+    ("invisible character in a host name", ["hvdkit", "hosts", "-H", "server1\u200b:2"],
+     ["U+200B at position 8", "retype the name"]),
+    ("Horovod setting Horovod would misread", ["HOROVOD_CYCLE_TIME=abc", "hvdkit", "launch", "-np", "2", "-H",
+                                               "localhost:2", "--", "python", EXAMPLE],
+     ["HOROVOD_CYCLE_TIME='abc' is not a number", "Horovod would read it as 0", "HOROVOD_CYCLE_TIME=1"]),
+    ("Horovod flag that is not 0 or 1", ["HOROVOD_STALL_CHECK_DISABLE=true", "hvdkit", "launch", "-np", "2", "-H",
+                                         "localhost:2", "--", "python", EXAMPLE],
+     ["HOROVOD_STALL_CHECK_DISABLE='true' is not 0 or 1", "set HOROVOD_STALL_CHECK_DISABLE=1"]),
     ("np above slots", ["hvdkit", "launch", "-np", "8", "-H", "localhost:2", "--", "python", EXAMPLE],
      ["np=8 but -H has 2 slots (localhost has 2)", "lower -np to 2"]),
     ("missing hostfile", ["hvdkit", "doctor", "--hostfile", "{tmp}/nope"], ["cannot read hostfile", "check the path"]),
@@ -60,7 +70,7 @@ CASES = [
      ["corrupt.pt' is unreadable or corrupt", "restore an older checkpoint"]),
     ("no usable checkpoint in a directory", ["python", EXAMPLE, "--epochs", "1", "--checkpoint-dir", "{tmp}/ckpts",
                                              "--resume"],
-     ["ckpt-00000003.pt: checksum mismatch", "start without --resume"]),
+     ["ckpt-00000003.pt: checkpoint", "is unreadable or corrupt", "start without --resume"]),
     ("missing checkpoint", ["python", EXAMPLE, "--epochs", "1", "--checkpoint", "{tmp}/none.pt", "--resume"],
      ["none.pt' does not exist"]),
     ("MNIST files that are not IDX", ["python", EXAMPLE, "--dataset", "mnist", "--data-dir", "{tmp}/mnist"],
@@ -107,8 +117,10 @@ def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
     setup_files(tmp_path)
     before = digest_tree(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    env = job_env(**dict(a.split("=", 1) for a in argv if a.startswith("HOROVOD_")))   # leading VAR=value
+    argv = [a for a in argv if not a.startswith("HOROVOD_")]
     argv = [str(BIN / "hvdkit") if a == "hvdkit" else sys.executable if a == "python" else a for a in argv]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=job_env(), cwd=ROOT)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
@@ -116,3 +128,11 @@ def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     assert digest_tree(tmp_path) == before, "bad input must not change any file"
+
+
+def test_a_hostfile_saved_with_a_byte_order_mark_reads_as_written(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes("\ufeffserver1 slots=2\n".encode())
+    proc = subprocess.run([str(BIN / "hvdkit"), "hosts", "--hostfile", str(hostfile)], capture_output=True,
+                          text=True, timeout=60, env=job_env(), cwd=ROOT)
+    assert proc.returncode == 0 and "horovodrun -np 2 -H server1:2" in proc.stdout, proc.stderr

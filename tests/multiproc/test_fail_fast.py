@@ -3,20 +3,14 @@
 import json
 import re
 import signal
-import sys
 
 import psutil
 import pytest
 
-from tests.conftest import BIN, WORKERS, horovodrun_cmd, signal_job
+from tests.conftest import WORKERS, horovodrun_cmd, hvdkit_launch_cmd, signal_job
 
 pytestmark = pytest.mark.multiproc
 BOUND_S = 30
-
-
-def hvdkit_launch_cmd(np: int, argv: list[str], controller: str) -> list[str]:
-    return [str(BIN / "hvdkit"), "launch", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", "--",
-            sys.executable, *argv]
 
 
 @pytest.mark.parametrize("launcher, controller", [
@@ -48,3 +42,28 @@ def test_sigkill_of_one_rank_ends_the_job(tmp_path, launcher, controller):
         # (the host as the launcher names it: the -H name under Gloo, the node's hostname under MPI)
         assert re.search(r"hvdkit launch: job failed: rank 1 on \S+, local rank 1 ended first: killed by SIGKILL",
                          out), out[-2000:]
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_hvdkit_launch_alone_stops_the_job(tmp_path, controller, sig):
+    """``kill -INT <pid of hvdkit launch>`` (a supervisor, not a terminal's Ctrl-C to the whole group) must stop
+    the job. Before: SIGINT was swallowed and training ran on."""
+    cmd = hvdkit_launch_cmd(2, [str(WORKERS / "torch_forever.py"), "--out", str(tmp_path)], controller)
+
+    def looping(_output: str) -> bool:
+        return all((tmp_path / f"looping{r}").exists() for r in range(2))
+
+    def launcher() -> int:    # the hvdkit launch process itself, found by its own arguments
+        (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
+                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
+        return proc.pid
+
+    out, took, rc = signal_job(cmd, looping, launcher, sig=sig, start_timeout=120, end_timeout=BOUND_S + 30)
+    ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
+    assert [r["size"] for r in ranks] == [2, 2]
+    assert rc != 0 and took < BOUND_S, (rc, took, out[-2000:])
+    survivors = [r["pid"] for r in ranks if psutil.pid_exists(r["pid"]) and
+                 psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE]
+    assert not survivors, f"rank processes still running: {survivors}"

@@ -122,3 +122,20 @@ def test_discovery_output_with_bare_names_takes_the_default_slots():
     assert [(h.name, h.slots) for h in spec.hosts] == [("job-worker-0.job.ns.svc", 8), ("job-worker-1.job.ns.svc", 2)]
     with pytest.raises(HostSpecError, match="--slots N"):
         parse_discovery_output("job-worker-0.job.ns.svc\n", "d.sh")
+
+
+@pytest.mark.parametrize("parse", [parse_hosts_string, lambda t: parse_discovery_output(t, "d.sh"),
+                                   lambda t: parse_hostfile_text(t.replace(":", " slots="), "hosts")])
+def test_a_byte_order_mark_is_not_part_of_the_first_host(parse):
+    assert parse("\ufeffserver1:2").names == ["server1"]
+
+
+@pytest.mark.parametrize("text", ["[::1]:2", "::1:2", "fe80::1:4"])
+def test_ipv6_is_refused_with_what_to_use_instead(text):
+    with pytest.raises(HostSpecError, match="looks like an IPv6 address.*use a host name that resolves to it"):
+        parse_hosts_string(text)
+
+
+def test_an_invisible_character_is_named_with_its_position():
+    with pytest.raises(HostSpecError, match=r"contains the invisible or non-ASCII character U\+200B at position 4"):
+        parse_hosts_string("ser\u200bver1:2")

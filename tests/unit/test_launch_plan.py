@@ -113,3 +113,40 @@ def test_elastic_plan_with_a_fixed_host_list_and_default_min_np():
 def test_bad_elastic_configs(kw, build, message):
     with pytest.raises((UserError, HostSpecError), match=message):
         plan_launch(elastic(**kw), build)
+
+
+CHAINED = """[1]<stderr>:Traceback (most recent call last):
+[0]<stderr>:Traceback (most recent call last):
+[0]<stderr>:OSError: [Errno 30] Read-only file system: 'ckpts/.ckpt-00000001.pt.x.tmp'
+[0]<stderr>:The above exception was the direct cause of the following exception:
+[0]<stderr>:hvdkit.core.checkpoint_files.CheckpointError: cannot write checkpoint 'ckpts/ckpt-00000001.pt'
+[1]<stderr>:horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. This was caused by ...
+Process name: 1
+Exit code: 1
+"""
+
+
+@pytest.mark.parametrize("output, line", [
+    # horovodrun reaped rank 1 first, but rank 1 only failed because rank 0 did
+    (CHAINED, "rank 0 on a, local rank 0 failed first: hvdkit.core.checkpoint_files.CheckpointError: cannot write "
+              "checkpoint 'ckpts/ckpt-00000001.pt'"),
+    ("[1,3]<stderr>:ValueError: bad batch\n[1,0]<stderr>:RuntimeError: Connection reset by peer\n"
+     "Process name: [[1,1],0]\nExit code: 1\n", "rank 3 on b, local rank 1 failed first: ValueError: bad batch"),
+    ("[1]<stderr>:error: cannot write checkpoint 'c.pt': No space left on device (errno 28): free space\n"
+     "[0]<stderr>:RuntimeError: Horovod has been shut down\nProcess name: 0\nExit code: 1\n",
+     "rank 1 on a, local rank 1 failed first: error: cannot write checkpoint 'c.pt': No space left on device "
+     "(errno 28): free space"),
+    ("[0]<stderr>:[2026-11-23 18:00:00.000: E stall_inspector.cc:90] Deadlock: every rank is waiting in a "
+     "collective that another rank never joined, for more than 2 seconds: rank 0 waits in [a]; rank 1 waits in "
+     "[b]; the ranks ran different numbers of steps. Shutting Horovod down (HOROVOD_STALL_MISMATCH_SHUTDOWN=0 "
+     "keeps waiting).\n[0]<stderr>:HorovodInternalError: Horovod has been shut down\n",
+     "the ranks deadlocked: every rank is waiting in a collective that another rank never joined, for more than 2 "
+     "seconds: rank 0 waits in [a]; rank 1 waits in [b]; the ranks ran different numbers of steps."),
+    ("[0]<stderr>:SystemExit: 75\nProcess name: 0\nExit code: 75\n", "rank 0 on a, local rank 0 ended first: "
+                                                                      "exit status 75"),
+])
+def test_the_rank_whose_own_error_came_first_is_named(output, line):
+    from hvdkit.core.hosts import rank_layout
+    from hvdkit.core.launch import explain_failure
+
+    assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
