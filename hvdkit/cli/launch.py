@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,14 @@ from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, default_np, 
 from hvdkit.core.argtypes import positive_int
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import rank_layout
-from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, explain_failure, plan_launch
+from hvdkit.core.launch import (
+    BuildFlags,
+    LaunchConfig,
+    check_command,
+    explain_failure,
+    one_host_elastic_risk,
+    plan_launch,
+)
 from hvdkit.core.remote import discover_hosts, horovodrun_path, quick_check
 from hvdkit.core.tuning import check_horovod_environment
 
@@ -83,6 +91,9 @@ def command(args: argparse.Namespace) -> int:
         wait = f"{args.elastic_timeout} s" if args.elastic_timeout else "--elastic-timeout (600 s by default)"
         print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {np}; "
               f"horovodrun waits for more, for up to {wait}", file=sys.stderr, flush=True)
+    risk = one_host_elastic_risk(hosts) if cfg.elastic else None
+    if risk:
+        print(f"hvdkit launch: warning: {risk}", file=sys.stderr, flush=True)
     if args.dry_run:
         return 0
     return supervise(plan.argv, rank_layout(hosts, min(cfg.np, hosts.total_slots)))
@@ -91,14 +102,15 @@ def command(args: argparse.Namespace) -> int:
 def supervise(argv: tuple[str, ...], layout) -> int:
     """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
 
-    SIGINT, SIGTERM and SIGHUP sent to hvdkit are passed on to horovodrun,
-    which stops the job (a Ctrl-C in the terminal reaches both, and horovodrun
-    takes a second SIGINT as it takes the first). If hvdkit itself dies,
-    horovodrun gets SIGTERM from the kernel, so no job runs on unsupervised.
-    The exit code is horovodrun's (128 + N when a signal N ended it).
+    horovodrun runs in a process group of its own, and SIGINT, SIGTERM and
+    SIGHUP sent to hvdkit (a Ctrl-C, or a supervisor signalling this process
+    alone) go to that whole group once: with --mpi, horovodrun has exec'd
+    ``sh -c mpirun ...``, and a signal to the shell alone left mpirun running.
+    If hvdkit itself dies, horovodrun gets SIGTERM from the kernel. The exit
+    code is horovodrun's (128 + N when a signal N ended it).
     """
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            preexec_fn=_terminate_with_parent)
+                            start_new_session=True, preexec_fn=_terminate_with_parent)
     tail: deque[str] = deque(maxlen=500)
 
     def pump(source, sink):
@@ -113,7 +125,10 @@ def supervise(argv: tuple[str, ...], layout) -> int:
         reader.start()
     def forward(number, _frame):
         if proc.poll() is None:
-            proc.send_signal(number)
+            try:
+                os.killpg(proc.pid, number)
+            except ProcessLookupError:
+                pass
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)

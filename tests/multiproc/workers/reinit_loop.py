@@ -25,7 +25,7 @@ if rank == args.late_rank:
     time.sleep(args.late_seconds)
 sums = []
 try:
-    for cycle in range(args.cycles):
+    for _ in range(args.cycles):
         hvd.init()
         sums.append(hvd.allreduce(torch.full((1024,), float(hvd.rank() + 1)), op=hvd.Sum, name="x")[0].item())
         size = hvd.size()
