@@ -61,7 +61,8 @@ class HostSpec:
         return [h.name for h in self.hosts]
 
     def is_local_only(self) -> bool:
-        return all(h.name in LOCAL_NAMES for h in self.hosts)
+        """Every host is this machine: localhost, 127.0.0.1 or this machine's own name."""
+        return all(is_this_machine(h.name) for h in self.hosts)
 
 
 @dataclass(frozen=True)

@@ -169,15 +169,35 @@ def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str,
     return argv + ["--gloo"], "gloo", "elastic training runs on Gloo"
 
 
+def one_host_elastic_risk(hosts: HostSpec | None) -> str | None:
+    """Why an elastic job whose slots all sit on one host line cannot survive a failed worker, and the fix.
+
+    Horovod blacklists the *host* of a failed worker, so every worker on it
+    goes and the job ends (measured: ``localhost:3``, one worker killed, the
+    job ended). Each name is a host to Horovod, and any name that resolves to
+    this machine runs locally: listing the machine once per slot under
+    different names keeps a failure to one slot.
+    """
+    if hosts is None or len(hosts.hosts) != 1 or hosts.hosts[0].slots < 2:
+        return None
+    host = hosts.hosts[0]
+    return (f"every slot is on one host line ({host.name}:{host.slots}): Horovod blacklists the host of a failed "
+            f"worker, so one failure stops all {host.slots} workers and the job; to survive one, list the machine "
+            "once per slot under names that all resolve to it (e.g. localhost:1, 127.0.0.1:1 and the host name, "
+            "or aliases added to /etc/hosts)")
+
+
 def _elastic_nic(cfg: LaunchConfig) -> tuple[str | None, str]:
     """The interface an elastic job needs named: horovodrun's elastic mode finds a
     common interface by asking two hosts, so without --network-interface a job on
     one host waits (600 s by default) for a second that never comes, then fails."""
-    if cfg.hosts is None or len(cfg.hosts.hosts) >= 2:
+    if cfg.hosts is None:
         return None, "horovodrun finds the common network interface"
     if cfg.hosts.is_local_only():
         return "lo", ("--network-interface lo, as every host is this machine "
                       "(pass --network-interface to grow onto other hosts)")
+    if len(cfg.hosts.hosts) >= 2:
+        return None, "horovodrun finds the common network interface"
     raise UserError(f"an elastic job starting on one host ({cfg.hosts.hosts[0].name}) needs --network-interface: "
                     "horovodrun otherwise waits for a second host to compare interfaces; pass the one your "
                     "hosts share, e.g. --network-interface eth0")

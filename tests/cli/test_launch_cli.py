@@ -24,7 +24,23 @@ def test_elastic_dry_run_on_this_machine_names_the_loopback(tmp_path):
     command = proc.stdout.splitlines()[0]
     assert "-np 2 --min-np 2 --max-np 4 --host-discovery-script" in command
     assert command.endswith("--gloo --network-interface lo python " + str(ROOT / "examples" / "pytorch_elastic.py"))
-    assert "warning" not in proc.stderr
+    assert proc.stderr.count("warning") == 1 and "every slot is on one host line (localhost:2)" in proc.stderr
+
+
+def test_elastic_dry_run_warns_that_one_host_line_cannot_survive_a_failure_and_says_how(tmp_path):
+    """Measured: localhost:3, one worker SIGKILLed: 'blacklisted slots count == 3 -> stop running', exit 1."""
+    proc = dry_run(tmp_path, "localhost:3\n", "--min-np", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert ("every slot is on one host line (localhost:3): Horovod blacklists the host of a failed worker, so one "
+            "failure stops all 3 workers and the job; to survive one, list the machine once per slot") in proc.stderr
+
+
+def test_the_machine_listed_once_per_slot_is_planned_on_the_loopback_without_a_warning(tmp_path):
+    import socket
+
+    proc = dry_run(tmp_path, f"localhost:1\\n127.0.0.1:1\\n{socket.gethostname()}:1\\n", "--min-np", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "--network-interface lo" in proc.stdout and "warning" not in proc.stderr
 
 
 def test_elastic_dry_run_warns_when_the_script_lists_too_few_slots(tmp_path):

@@ -1,11 +1,15 @@
 """Elastic training on one host: the job shrinks and grows as the discovery file changes, without restarting.
 
-(Losing a worker needs separate hosts, because Horovod blacklists the host of
-a failed worker: see tests/multihost/test_elastic_hosts.py.)
+Losing a worker needs separate host names, because Horovod blacklists the host
+of a failed worker: the machine listed once per slot under its different names
+survives it (below), separate hosts do too (tests/multihost/test_elastic_hosts.py).
 """
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -53,3 +57,29 @@ def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, 
     assert result["test_accuracy"] >= 0.9, result
     if launcher == "hvdkit":
         assert "--min-np 1 --max-np 2 --host-discovery-script" in job.output and "--network-interface lo" in job.output
+
+
+def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
+    """The recipe hvdkit launch prints for a one-host elastic job: each slot under its own name for this machine.
+    Horovod then blacklists only the failed worker's name and the job finishes on the rest (with 'localhost slots=2'
+    one killed worker stops the whole job: 'blacklisted slots count == 2 -> stop running')."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    argv = [_tool("hvdkit"), "launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+            sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json"]
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    try:
+        job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 8, 180, "8 steps on 2 processes")
+        victim = max(int(p) for p in subprocess.run(
+            ["pgrep", "-f", f"^{sys.executable} {ROOT / 'examples' / 'pytorch_elastic.py'}"],
+            capture_output=True, text=True).stdout.split())
+        os.kill(victim, signal.SIGKILL)
+        assert job.finish(timeout=300) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    assert "--network-interface lo" in job.output and "warning" not in job.output
+    assert job.commits[-1].size == 1 and any(c.size == 2 for c in job.commits)
+    result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
+    check_continuous(job.commits, result["steps"])
+    assert result["epochs"] == 4 and result["size"] == 1
