@@ -29,7 +29,7 @@ def test_concurrent_jobs_that_reinitialise_and_an_elastic_reset_all_pass(tmp_pat
     elastic = ElasticJob([_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
                           "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
                           "--network-interface", "lo", sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"),
-                          "--epochs", "6", "--json"], job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+                          "--epochs", "3", "--json"], job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     outs = [tmp_path / f"job{j}" for j in range(JOBS)]
     jobs = []
     try:
