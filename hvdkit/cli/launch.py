@@ -106,11 +106,12 @@ def supervise(argv: tuple[str, ...], layout) -> int:
     SIGHUP sent to hvdkit (a Ctrl-C, or a supervisor signalling this process
     alone) go to that whole group once: with --mpi, horovodrun has exec'd
     ``sh -c mpirun ...``, and a signal to the shell alone left mpirun running.
-    If hvdkit itself dies, horovodrun gets SIGTERM from the kernel. The exit
-    code is horovodrun's (128 + N when a signal N ended it).
+    If hvdkit itself dies, even by SIGKILL, a small guard process sends the
+    group SIGTERM. The exit code is horovodrun's (128 + N when a signal N ended it).
     """
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True, preexec_fn=_terminate_with_parent)
+                            start_new_session=True)
+    guard = _guard_group(proc.pid)
     tail: deque[str] = deque(maxlen=500)
 
     def pump(source, sink):
@@ -133,6 +134,7 @@ def supervise(argv: tuple[str, ...], layout) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     rc = proc.wait()
+    guard.stdin.close()          # the job is over: the guard has nothing left to stop
     for reader in readers:
         reader.join(timeout=5)
     if rc != 0:
@@ -142,11 +144,20 @@ def supervise(argv: tuple[str, ...], layout) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent (hvdkit launch) dies (Linux's PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
+# Waits for EOF on stdin (this hvdkit process ended, however it ended), then sends SIGTERM to the job's
+# process group. A pre-exec PR_SET_PDEATHSIG reaches only horovodrun's own process, which under --mpi is a
+# shell whose mpirun then trained on (tests/multiproc/test_fail_fast.py).
+_GUARD = """
+import os, signal, sys
+sys.stdin.buffer.read()
+try:
+    os.killpg(int(sys.argv[1]), signal.SIGTERM)
+except ProcessLookupError:
+    pass
+"""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))    # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):      # not Linux: the job then outlives a killed launcher
-        pass
+
+def _guard_group(pgid: int) -> subprocess.Popen:
+    """A process that stops the job's process group ``pgid`` when hvdkit launch goes away."""
+    return subprocess.Popen([sys.executable, "-c", _GUARD, str(pgid)], stdin=subprocess.PIPE,
+                            start_new_session=True)

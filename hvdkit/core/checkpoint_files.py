@@ -39,8 +39,14 @@ class CheckpointError(UserError):
     """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike."""
 
 
+# tempfile.mkstemp's random part is 8 characters: ".model.pt.<8>.tmp" is a save of model.pt, while
+# ".model.pt.best.<8>.tmp" belongs to model.pt.best and is left alone.
+_RANDOM = "????????"
+
+
 def _temp_pattern(path: str) -> str:
-    return os.path.join(glob.escape(os.path.dirname(path) or "."), f".{glob.escape(os.path.basename(path))}.*.tmp")
+    return os.path.join(glob.escape(os.path.dirname(path) or "."),
+                        f".{glob.escape(os.path.basename(path))}.{_RANDOM}.tmp")
 
 
 def remove_leftovers(path: str | os.PathLike) -> list[str]:
@@ -208,7 +214,7 @@ class CheckpointDir:
     def remove_leftovers(self) -> list[str]:
         """Temporary files of killed saves of any step (``.ckpt-00000005.pt.<random>.tmp``)."""
         removed = []
-        pattern = os.path.join(glob.escape(self.directory), f".{self.prefix}-*{self.suffix}.*.tmp")
+        pattern = os.path.join(glob.escape(self.directory), f".{self.prefix}-*{self.suffix}.{_RANDOM}.tmp")
         for tmp in glob.glob(pattern):
             try:
                 os.unlink(tmp)
@@ -300,6 +306,20 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
     return path, read(path)
+
+
+def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], *, is_root: bool,
+                  broadcast: Callable[[Any], Any]) -> None:
+    """The root runs :func:`check_writable` and ``broadcast`` hands every rank the verdict.
+
+    Every rank raises the same :class:`CheckpointError` when the place is
+    unusable. ``need_bytes()`` (the checkpoint's estimated size) runs on the
+    root only; ``broadcast(obj)`` is the framework's broadcast_object from the root.
+    """
+    problem = check_writable(path, need_bytes()) if is_root else None
+    problem = broadcast(problem)
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: str, *, is_root: bool,

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +39,7 @@ TensorBytes = Callable[[Any], "tuple[str, bytes | memoryview] | None"]
 
 
 def numpy_bytes(obj: Any) -> tuple[str, memoryview] | None:
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, (np.ndarray, np.generic)):
         array = np.ascontiguousarray(obj)
         return f"{array.dtype.str}{array.shape}", memoryview(array.reshape(-1).view(np.uint8))
     return None
@@ -81,10 +82,19 @@ def _feed(h, obj: Any, tensor_bytes: TensorBytes) -> None:
         h.update((b"L" if isinstance(obj, list) else b"U") + struct.pack("<Q", len(obj)))
         for value in obj:
             _feed(h, value, tensor_bytes)
+    elif isinstance(obj, (set, frozenset)):
+        # A set's iteration order can differ once it is loaded again: hash its elements' digests, sorted.
+        parts = sorted(content_digest(item, tensor_bytes)["sha256"] for item in obj)
+        h.update(b"E" + struct.pack("<Q", len(parts)) + "".join(parts).encode())
     elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
         # repr round-trips floats exactly; the type keeps 1, 1.0 and True apart.
         text = f"{type(obj).__name__}:{obj!r}".encode()
         h.update(b"S" + struct.pack("<Q", len(text)) + text)
     else:
-        text = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}".encode()
-        h.update(b"O" + struct.pack("<Q", len(text)) + text)
+        # Other values a checkpoint may hold (torch.dtype, torch.device, ...) have a stable repr; one with an
+        # address in it would never verify after loading, so refuse it now, at save time.
+        text = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
+        if re.search(r" at 0x[0-9a-fA-F]+", text):
+            raise TypeError(f"cannot checksum a {type(obj).__qualname__} in a checkpoint (its repr is {obj!r}): store "
+                            "plain numbers, strings, lists, dicts or tensors (e.g. its state_dict())")
+        h.update(b"O" + struct.pack("<Q", len(text)) + text.encode())

@@ -222,10 +222,12 @@ def _cause(code: int) -> str:
 
 # horovodrun tags each line of a rank's output: Gloo "[1]<stderr>:", MPI (--tag-output) "[1,1]<stderr>:".
 _TAGGED = re.compile(r"^(?:\w{3} \w{3} +\d+ [\d:]+ \d{4})?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.M)
-# The last line of a Python traceback ("hvdkit.core.checkpoint_files.CheckpointError: cannot write ..."); a
-# script's own "error: ..." line (SystemExit with a message, as hvdkit's examples end) counts the same.
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)):?(.*)$")
-# What ranks raise *because* another rank failed first: they are not the cause.
+# An exception line of a Python traceback: "hvdkit.core.checkpoint_files.CheckpointError: cannot write ...", or the
+# bare name at the end of the line. A script's own "error: ..." line (SystemExit with a message, as hvdkit's
+# examples end) counts the same.
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s.*|:?\s*)$")
+# What ranks raise *because* another rank failed first: they are not the cause. Matched anywhere in the rank's
+# traceback, since TensorFlow puts "Graph execution error:" first and the cause lines below it.
 _CONSEQUENCE = re.compile(r"HorovodInternalError|Horovod has been shut down|HostsUpdatedInterrupt|"
                           r"Connection reset by peer|Connection closed by peer|Broken pipe|"
                           r"gloo::(?:IoException|EnforceNotMet)|Read error|Timed out waiting")
@@ -238,23 +240,33 @@ _DEADLOCK = re.compile(r"Deadlock: (every rank is waiting .*?)(?: Shutting Horov
 def first_exception(output: str) -> tuple[int, str] | None:
     """(rank, its exception line) of the rank whose own error came first in horovodrun's tagged output.
 
-    Ranks that fail only because another rank died (Horovod shut down, a peer
-    closed the connection) are passed over: horovodrun lists ranks in the order
-    it reaps them, which is often not the order they failed in.
+    Each rank's output is cut into blocks at "Traceback (most recent call
+    last)"; a block whose text shows the rank only failed because another
+    died (Horovod shut down, a peer closed the connection) is passed over:
+    horovodrun lists ranks in the order it reaps them, which is often not the
+    order they failed in.
     """
-    first: int | None = None
-    last_line = ""
+    blocks: list[tuple[int, list[str]]] = []           # (rank, lines) in order of each block's first line
+    open_block: dict[int, list[str]] = {}
     for match in _TAGGED.finditer(output):
         rank, text = int(match.group(1)), match.group(2).strip()
-        exc = _EXCEPTION.match(text)
-        own = (exc and exc.group(1) not in ("SystemExit", "KeyboardInterrupt")) or text.startswith("error: ")
-        if not own or _CONSEQUENCE.search(text):
+        if not text:
             continue
-        if first is None:
-            first = rank
-        if rank == first:
-            last_line = text          # a chained traceback ends with the exception that was raised last
-    return None if first is None else (first, last_line)
+        chained = any(line.startswith(("The above exception", "During handling of the above"))
+                      for line in open_block.get(rank, [])[-1:])
+        if (text.startswith("Traceback (most recent call last)") and not chained) or text.startswith("error: "):
+            open_block[rank] = []
+            blocks.append((rank, open_block[rank]))
+        if rank in open_block:
+            open_block[rank].append(text)
+    for rank, lines in blocks:
+        if any(_CONSEQUENCE.search(line) for line in lines):
+            continue
+        raised = [line for line in lines if line.startswith("error: ") or (
+            _EXCEPTION.match(line) and _EXCEPTION.match(line).group(1) not in ("SystemExit", "KeyboardInterrupt"))]
+        if raised:
+            return rank, raised[-1]      # a chained traceback ends with the exception that was raised last
+    return None
 
 
 def explain_failure(output: str, layout: list[RankPlacement]) -> str | None:
@@ -263,7 +275,10 @@ def explain_failure(output: str, layout: list[RankPlacement]) -> str | None:
     deadlock = _DEADLOCK.search(output)
     if deadlock:
         return f"the ranks deadlocked: {deadlock.group(1)}"
-    raised = first_exception(output)
+    # A rank killed by a signal (SIGKILL, the OOM killer) prints no traceback; horovodrun's first report names it.
+    reaped = _PROCESS.search(output)
+    signalled = _MPI_SIGNAL.search(output) or (reaped and not 0 <= int(reaped.group(2)) <= 128)
+    raised = None if signalled else first_exception(output)
     if raised is not None:
         rank, text = raised
         place = hosts.get(rank)

@@ -9,11 +9,13 @@ Example::
 
     shard_indices(10, rank=2, size=4)                       # [2, 6, 0]: 10 rows padded to 12 with rows 0, 1
     shard_indices(10, rank=2, size=4, drop_remainder=True)  # [2, 6]: rows 8 and 9 are left out
+    take_shard(x, rank=2, size=4)                           # x[2::4] plus x[[0]]: a view, then the padding
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hvdkit.core.errors import UserError
 
@@ -32,3 +34,33 @@ def shard_indices(length: int, rank: int, size: int, *, drop_remainder: bool = F
                         f"{' with drop_remainder=True' if drop_remainder else ''}: give at least {size} rows")
     total = (length // size) * size if drop_remainder else math.ceil(length / size) * size
     return [i % length for i in range(rank, total, size)]
+
+
+def shard_slice(length: int, rank: int, size: int, *, drop_remainder: bool = False) -> tuple[slice, list[int]]:
+    """:func:`shard_indices` as a slice of the rows plus the padding rows (at most one per rank)."""
+    rows = shard_indices(length, rank, size, drop_remainder=drop_remainder)
+    end = (length // size) * size if drop_remainder else length
+    own = len(range(rank, end, size))
+    return slice(rank, end, size), rows[own:]
+
+
+def take_shard(data: Any, rank: int, size: int, *, drop_remainder: bool = False) -> Any:
+    """This rank's rows of a numpy array, pandas DataFrame/Series or list (a view where the type has one).
+
+    The slice keeps memory maps and h5py datasets lazy and pandas rows by
+    position (``.iloc``); the padding rows are appended to it.
+    """
+    import numpy as np
+
+    part, pad = shard_slice(len(data), rank, size, drop_remainder=drop_remainder)
+    rows = data.iloc if hasattr(data, "iloc") else data
+    head = rows[part]
+    if not pad:
+        return head
+    if hasattr(data, "iloc"):
+        import pandas as pd
+
+        return pd.concat([head, data.iloc[pad]])
+    if isinstance(data, list):
+        return head + [data[i] for i in pad]
+    return np.concatenate([np.asarray(head), np.asarray(data[pad])])

@@ -76,19 +76,28 @@ _INTEGER = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "HOROVOD_NUM_N
 
 
 def check_horovod_environment(environ=os.environ) -> None:
-    """Raise :class:`UserError` for a Horovod setting Horovod would silently misread (see above)."""
+    """Raise :class:`UserError` for a Horovod setting Horovod would silently misread (see above).
+
+    An empty value counts as unset; numbers are accepted as Horovod reads them
+    (``1e-3`` ms for the cycle time, ``16777216.0`` bytes from a YAML config).
+    """
     for name, (meaning, example) in NUMBER_SETTINGS.items():
-        value = environ.get(name)
-        if value is None:
+        value = (environ.get(name) or "").strip()
+        if not value:
             continue
-        pattern = r"\s*\d+\s*" if name in _INTEGER or name.endswith("_SECONDS") else r"\s*(\d+\.?\d*|\.\d+)\s*"
-        if not re.fullmatch(pattern, value):
-            kind = "a whole number" if "." not in pattern else "a number"
+        if name in _INTEGER or name.endswith("_SECONDS"):
+            ok, kind = re.fullmatch(r"\d+(\.0*)?", value) is not None, "a whole number"
+        else:
+            try:
+                ok, kind = 0 <= float(value) < float("inf"), "a number"
+            except ValueError:
+                ok, kind = False, "a number"
+        if not ok:
             raise UserError(f"{name}={value!r} is not {kind} >= 0 ({meaning}); Horovod would read it as 0: "
                             f"set e.g. {name}={example}, or unset it")
     for name in FLAG_SETTINGS:
-        value = environ.get(name)
-        if value is not None and value.strip() not in ("0", "1"):
+        value = (environ.get(name) or "").strip()
+        if value and not value.isdigit():
             raise UserError(f"{name}={value!r} is not 0 or 1 (Horovod reads only the leading digits, so "
                             f"'true' means off): set {name}=1 or {name}=0")
 

@@ -145,6 +145,7 @@ def _callback_classes(mode: str) -> dict[str, type]:
             super().__init__()
             self.path = path
             self.epoch = 0
+            self.batches_done = 0           # names the file in a directory when fit does not know the steps
             self.stopped_at: tuple[int, int] | None = None
             # Ranks agree through one tiny allreduce per batch: the mean of the flags is > 0 if any is set.
             self.guard = Preemption(lambda flag: int(coll.average_floats([float(flag)], "hvdkit.preemption")[0] > 0))
@@ -156,10 +157,12 @@ def _callback_classes(mode: str) -> dict[str, type]:
             self.epoch = epoch
 
         def on_train_batch_end(self, batch, logs=None):
+            self.batches_done += 1
             if self.guard.requested():
                 self.stopped_at = (self.epoch, batch + 1)
                 # In a directory the file is named by the global step, so a later preemption sorts newer.
-                step = self.epoch * (self.params.get("steps") or 0) + batch + 1
+                steps = self.params.get("steps")
+                step = self.epoch * steps + batch + 1 if steps else self.batches_done
                 where = {"step": step} if is_directory_target(self.path) else {}
                 save_checkpoint(self.path, self.model, self.model.optimizer, epoch=self.epoch, batch=batch + 1,
                                 **where)

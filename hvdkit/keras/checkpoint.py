@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 import hvdkit
 from hvdkit.core.checkpoint_files import (
     CheckpointError,
-    check_writable,
+    check_on_root,
     damaged,
     read_on_root,
     save_to,
@@ -99,17 +100,16 @@ def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -
     As :func:`hvdkit.torch.check_checkpoint_path`; :func:`hvdkit.keras.callbacks`
     runs it for ``preemption_checkpoint`` at the start of ``fit``.
     """
-    ctx = current()
-    problem = None
-    if ctx.is_main:
-        need = 0
-        if model is not None and model.built:
-            need = sum(_numpy(v).nbytes for v in model.variables)
-            need *= 3 if optimizer is not None else 1    # weights, plus an Adam-like optimizer's two moments
-        problem = check_writable(path, need)
-    problem = for_mode(ctx.backend).broadcast_object(problem, 0, name="hvdkit.check_checkpoint_path")
-    if problem is not None:
-        raise CheckpointError(problem)
+    def need() -> int:
+        if model is None or not model.built:
+            return 0
+        size = sum(math.prod(v.shape) * np.dtype(getattr(v.dtype, "as_numpy_dtype", v.dtype)).itemsize
+                   for v in model.variables)      # from the shapes: no copy off the device
+        return size * (3 if optimizer is not None else 1)    # room for an Adam-like optimizer's two moments
+
+    coll = for_mode(current().backend)
+    check_on_root(path, need, is_root=current().is_main,
+                  broadcast=lambda obj: coll.broadcast_object(obj, 0, name="hvdkit.check_checkpoint_path"))
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-import numpy as np
-
-from hvdkit.core.sharding import shard_indices
+from hvdkit.core.sharding import take_shard
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 
@@ -34,8 +32,7 @@ def shard_arrays(*arrays, drop_remainder: bool = False):
     lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
         raise ValueError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
-    rows = np.asarray(shard_indices(lengths.pop(), ctx.rank, ctx.size, drop_remainder=drop_remainder))
-    shards = tuple(a[rows] for a in arrays)
+    shards = tuple(take_shard(a, ctx.rank, ctx.size, drop_remainder=drop_remainder) for a in arrays)
     return shards if len(shards) > 1 else shards[0]
 
 

@@ -27,7 +27,7 @@ import torch
 import hvdkit
 from hvdkit.core.checkpoint_files import (
     CheckpointError,
-    check_writable,
+    check_on_root,
     damaged,
     read_on_root,
     save_to,
@@ -51,6 +51,7 @@ def tensor_bytes(obj):
         t = t.to_dense()
     if t.is_quantized:
         t = t.int_repr()
+    t = t.resolve_conj().resolve_neg()           # lazy conjugate/negative views have no plain bytes yet
     t = t.contiguous()
     return f"{t.dtype}{tuple(t.shape)}", memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
@@ -105,26 +106,23 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
                           optimizer: torch.optim.Optimizer | None = None) -> None:
     """Before training: rank 0 checks a checkpoint can be written at ``path``; every rank raises if not.
 
-    Catches a read-only, missing-permission or full checkpoint directory at
-    start-up instead of after the first epoch. With ``model`` (and
-    ``optimizer``) the free space is compared with the checkpoint's size,
-    estimated from the tensors it will hold (Adam's state is counted once it exists, so count it as 2x).
+    Catches a read-only, unwritable or full checkpoint place at start-up
+    instead of after the first epoch. With ``model`` the free space is
+    compared with the checkpoint's estimated size: the model's tensors, times 3
+    with an ``optimizer`` (room for Adam's two moments).
 
     Example::
 
         hk.check_checkpoint_path("ckpts/", model, optimizer)   # CheckpointError on every rank when unusable
     """
-    ctx = current()
-    problem = None
-    if ctx.is_main:
-        need = 0
-        if model is not None:
-            need = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
-            need *= 3 if optimizer is not None else 1    # weights, plus an Adam-like optimizer's two moments
-        problem = check_writable(path, need)
-    problem = hvd.broadcast_object(problem, root_rank=0, name="hvdkit.check_checkpoint_path")
-    if problem is not None:
-        raise CheckpointError(problem)
+    def need() -> int:
+        if model is None:
+            return 0
+        size = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
+        return size * (3 if optimizer is not None else 1)
+
+    check_on_root(path, need, is_root=current().is_main,
+                  broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=0, name="hvdkit.check_checkpoint_path"))
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdkit.core.sharding import shard_indices
+from hvdkit.core.sharding import shard_slice, take_shard
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 
@@ -84,9 +84,14 @@ def shard_arrays(*tensors, drop_remainder: bool = False):
     lengths = {len(t) for t in tensors}
     if len(lengths) != 1:
         raise ValueError(f"tensors have different lengths {sorted(lengths)}: pass x and y of the same samples")
-    rows = shard_indices(lengths.pop(), ctx.rank, ctx.size, drop_remainder=drop_remainder)
-    index = torch.as_tensor(rows, dtype=torch.long)
-    shards = tuple(t[index.to(t.device)] if isinstance(t, torch.Tensor) else t[index.numpy()] for t in tensors)
+    part, pad = shard_slice(lengths.pop(), ctx.rank, ctx.size, drop_remainder=drop_remainder)
+
+    def take(t):
+        if not isinstance(t, torch.Tensor):
+            return take_shard(t, ctx.rank, ctx.size, drop_remainder=drop_remainder)
+        return torch.cat([t[part], t[pad]]) if pad else t[part]
+
+    shards = tuple(take(t) for t in tensors)
     return shards if len(shards) > 1 else shards[0]
 
 

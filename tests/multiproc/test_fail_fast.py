@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+import time
 
 import psutil
 import pytest
@@ -64,6 +65,40 @@ def test_a_signal_to_hvdkit_launch_alone_stops_the_job(tmp_path, controller, sig
     ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
     assert [r["size"] for r in ranks] == [2, 2]
     assert rc != 0 and took < BOUND_S, (rc, took, out[-2000:])
-    survivors = [r["pid"] for r in ranks if psutil.pid_exists(r["pid"]) and
+    # mpirun may exit a moment before the ranks it signalled
+    assert not ranks_still_running(ranks, within=10), "rank processes still running"
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_a_killed_launcher_takes_the_job_with_it(tmp_path, controller):
+    """SIGKILL of hvdkit launch (no chance to forward anything): horovodrun gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG), so no rank trains on unsupervised."""
+    cmd = hvdkit_launch_cmd(2, [str(WORKERS / "torch_forever.py"), "--out", str(tmp_path)], controller)
+
+    def looping(_output: str) -> bool:
+        return all((tmp_path / f"looping{r}").exists() for r in range(2))
+
+    def launcher() -> int:
+        (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
+                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
+        return proc.pid
+
+    signal_job(cmd, looping, launcher, sig=signal.SIGKILL, start_timeout=120, end_timeout=BOUND_S + 30)
+    ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
+    alive = ranks_still_running(ranks, within=BOUND_S)
+    assert not alive, f"rank processes still running {BOUND_S}s after the launcher died: {alive}"
+
+
+def ranks_still_running(ranks: list[dict], within: float) -> list[int]:
+    """The ranks' pids still alive after waiting up to ``within`` seconds; those are then killed."""
+    deadline = time.time() + within
+    while True:
+        alive = [r["pid"] for r in ranks if psutil.pid_exists(r["pid"]) and
                  psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE]
-    assert not survivors, f"rank processes still running: {survivors}"
+        if not alive or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    for pid in alive:                       # never leave them running, whatever the test concludes
+        psutil.Process(pid).kill()
+    return alive

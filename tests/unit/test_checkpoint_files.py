@@ -98,12 +98,14 @@ def test_legacy_checkpoints_are_verified_by_their_sidecar_and_refused_without_it
 
 
 def test_the_next_save_removes_the_temporary_files_of_a_killed_one(tmp_path):
-    (tmp_path / ".model.txt.abc123.tmp").write_text("half a checkpoint")
-    (tmp_path / ".ckpt-00000005.txt.x1.tmp").write_text("half")
+    (tmp_path / ".model.txt.abc12_yz.tmp").write_text("half a checkpoint")
+    (tmp_path / ".ckpt-00000005.txt.x1b2c3d4.tmp").write_text("half")
     (tmp_path / ".unrelated.tmp").write_text("not ours")
+    (tmp_path / ".model.txt.best.k2j4h6g8.tmp").write_text("another file's save, maybe still running")
     save_to(str(tmp_path / "model.txt"), writer("state 1"), ".txt", step=None, keep_last=None)
     CheckpointDir(tmp_path, ".txt").save(6, writer("state 6"))
-    assert sorted(os.listdir(tmp_path)) == [".unrelated.tmp", "ckpt-00000006.txt", "model.txt"]
+    assert sorted(os.listdir(tmp_path)) == [".model.txt.best.k2j4h6g8.tmp", ".unrelated.tmp", "ckpt-00000006.txt",
+                                            "model.txt"]
 
 
 def test_a_failing_write_is_one_line_with_the_fix_and_keeps_the_previous_file(tmp_path):

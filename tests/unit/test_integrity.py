@@ -50,3 +50,15 @@ def test_a_state_without_a_digest_is_refused():
 
 def test_the_digest_is_stable_across_copies():
     assert content_digest(state()) == content_digest(copy.deepcopy(state()))
+
+
+def test_sets_and_numpy_scalars_verify_after_a_round_trip():
+    import pickle
+
+    s = sealed({"tags": {"alpha", "beta", "gamma", "delta"}, "best": np.float32(0.25), "n": np.int64(3)})
+    assert check_digest(pickle.loads(pickle.dumps(s))) is None
+
+
+def test_a_value_whose_repr_holds_an_address_is_refused_at_save():
+    with pytest.raises(TypeError, match="cannot checksum a object in a checkpoint"):
+        content_digest({"x": object()})

@@ -118,7 +118,10 @@ def test_bad_elastic_configs(kw, build, message):
 CHAINED = """[1]<stderr>:Traceback (most recent call last):
 [0]<stderr>:Traceback (most recent call last):
 [0]<stderr>:OSError: [Errno 30] Read-only file system: 'ckpts/.ckpt-00000001.pt.x.tmp'
+[0]<stderr>:
 [0]<stderr>:The above exception was the direct cause of the following exception:
+[0]<stderr>:
+[0]<stderr>:Traceback (most recent call last):
 [0]<stderr>:hvdkit.core.checkpoint_files.CheckpointError: cannot write checkpoint 'ckpts/ckpt-00000001.pt'
 [1]<stderr>:horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. This was caused by ...
 Process name: 1
@@ -130,7 +133,8 @@ Exit code: 1
     # horovodrun reaped rank 1 first, but rank 1 only failed because rank 0 did
     (CHAINED, "rank 0 on a, local rank 0 failed first: hvdkit.core.checkpoint_files.CheckpointError: cannot write "
               "checkpoint 'ckpts/ckpt-00000001.pt'"),
-    ("[1,3]<stderr>:ValueError: bad batch\n[1,0]<stderr>:RuntimeError: Connection reset by peer\n"
+    ("[1,3]<stderr>:Traceback (most recent call last):\n[1,0]<stderr>:Traceback (most recent call last):\n"
+     "[1,3]<stderr>:ValueError: bad batch\n[1,0]<stderr>:RuntimeError: Connection reset by peer\n"
      "Process name: [[1,1],0]\nExit code: 1\n", "rank 3 on b, local rank 1 failed first: ValueError: bad batch"),
     ("[1]<stderr>:error: cannot write checkpoint 'c.pt': No space left on device (errno 28): free space\n"
      "[0]<stderr>:RuntimeError: Horovod has been shut down\nProcess name: 0\nExit code: 1\n",
@@ -142,6 +146,20 @@ Exit code: 1
      "keeps waiting).\n[0]<stderr>:HorovodInternalError: Horovod has been shut down\n",
      "the ranks deadlocked: every rank is waiting in a collective that another rank never joined, for more than 2 "
      "seconds: rank 0 waits in [a]; rank 1 waits in [b]; the ranks ran different numbers of steps."),
+    # TensorFlow's graph-mode error names the cause on later lines of the same traceback
+    ("[0]<stderr>:Traceback (most recent call last):\n[0]<stderr>:tensorflow.python.framework.errors_impl."
+     "UnknownError: Graph execution error:\n[0]<stderr>:Horovod has been shut down. This was caused by ...\n"
+     "[1]<stderr>:Traceback (most recent call last):\n[1]<stderr>:ValueError: bad shard\n"
+     "Process name: 0\nExit code: 1\n",
+     "rank 1 on a, local rank 1 failed first: ValueError: bad shard"),
+    # a log line that merely starts with an exception's name is not an error
+    ("[0]<stderr>:ConnectionError retrying in 5 s\n[1]<stderr>:Traceback (most recent call last):\n"
+     "[1]<stderr>:KeyError: 'x'\nProcess name: 1\nExit code: 1\n",
+     "rank 1 on a, local rank 1 failed first: KeyError: 'x'"),
+    # a rank killed by a signal prints no traceback; it is the cause, not the ranks that then raised
+    ("[0]<stderr>:Traceback (most recent call last):\n[0]<stderr>:ValueError: late\n"
+     "Process name: 3\nExit code: 137\n",
+     "rank 3 on b, local rank 1 ended first: killed by SIGKILL"),
     ("[0]<stderr>:SystemExit: 75\nProcess name: 0\nExit code: 75\n", "rank 0 on a, local rank 0 ended first: "
                                                                       "exit status 75"),
 ])

@@ -2,10 +2,11 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from hvdkit.core.errors import UserError
-from hvdkit.core.sharding import shard_indices
+from hvdkit.core.sharding import shard_indices, take_shard
 
 pytestmark = pytest.mark.unit
 
@@ -33,3 +34,17 @@ def test_too_few_rows_is_an_error_that_says_how_many():
         shard_indices(0, 0, 2)
     with pytest.raises(UserError, match="3 rows cannot be split over 4 ranks with drop_remainder=True"):
         shard_indices(3, 0, 4, drop_remainder=True)
+
+
+@pytest.mark.parametrize("length, size", [(10, 4), (8, 4), (3, 4), (1025, 2)])
+def test_take_shard_matches_the_indices_for_arrays_and_lists(length, size):
+    x = np.arange(length) * 10
+    for rank in range(size):
+        expected = [int(v) for v in x[shard_indices(length, rank, size)]]
+        assert [int(v) for v in take_shard(x, rank, size)] == expected
+        assert take_shard(list(x), rank, size) == list(x[shard_indices(length, rank, size)])
+
+
+def test_an_unpadded_numpy_shard_is_a_view():
+    x = np.arange(12)
+    assert np.shares_memory(take_shard(x, 1, 4), x)

@@ -26,3 +26,6 @@ def test_good_settings_pass():
     check_horovod_environment({"HOROVOD_CYCLE_TIME": "0.1", "HOROVOD_FUSION_THRESHOLD": "16777216",
                                "HOROVOD_STALL_CHECK_DISABLE": "1", "HOROVOD_STALL_MISMATCH_SHUTDOWN": "0",
                                "HOROVOD_CYCLE_TIME_X": "anything"})
+    # as Horovod reads them: scientific notation, a YAML float for an integer, an empty value, a flag of 2
+    check_horovod_environment({"HOROVOD_CYCLE_TIME": "1e-3", "HOROVOD_CACHE_CAPACITY": "1024.0",
+                               "HOROVOD_FUSION_THRESHOLD": "", "HOROVOD_AUTOTUNE": "2"})
