@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from hvdkit.core.errors import UserError
@@ -64,3 +65,17 @@ def take_shard(data: Any, rank: int, size: int, *, drop_remainder: bool = False)
     if isinstance(data, list):
         return head + [data[i] for i in pad]
     return np.concatenate([np.asarray(head), np.asarray(data[pad])])
+
+
+def shard_together(arrays: tuple, rank: int, size: int, *, drop_remainder: bool = False,
+                   take: Callable[..., Any] = take_shard) -> Any:
+    """This rank's rows of each of ``arrays`` (x and y stay paired); one array alone comes back unwrapped.
+
+    ``take(array, rank, size, drop_remainder=...)`` cuts one array; the
+    adapters pass their own for framework tensors.
+    """
+    lengths = {len(a) for a in arrays}
+    if len(lengths) != 1:
+        raise ValueError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
+    shards = tuple(take(a, rank, size, drop_remainder=drop_remainder) for a in arrays)
+    return shards if len(shards) > 1 else shards[0]

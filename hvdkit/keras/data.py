@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
-from hvdkit.core.sharding import take_shard
+from hvdkit.core.sharding import shard_together
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 
@@ -29,11 +29,7 @@ def shard_arrays(*arrays, drop_remainder: bool = False):
     ``drop_remainder=True`` the last ``len % size`` rows are left out.
     """
     ctx = current()
-    lengths = {len(a) for a in arrays}
-    if len(lengths) != 1:
-        raise ValueError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
-    shards = tuple(take_shard(a, ctx.rank, ctx.size, drop_remainder=drop_remainder) for a in arrays)
-    return shards if len(shards) > 1 else shards[0]
+    return shard_together(arrays, ctx.rank, ctx.size, drop_remainder=drop_remainder)
 
 
 def shard_dataset(dataset, drop_remainder: bool = False):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdkit.core.sharding import shard_slice, take_shard
+from hvdkit.core.sharding import shard_slice, shard_together, take_shard
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 
@@ -81,18 +81,15 @@ def shard_arrays(*tensors, drop_remainder: bool = False):
         for i in range(0, len(x_train), batch_size): ...
     """
     ctx = current()
-    lengths = {len(t) for t in tensors}
-    if len(lengths) != 1:
-        raise ValueError(f"tensors have different lengths {sorted(lengths)}: pass x and y of the same samples")
-    part, pad = shard_slice(lengths.pop(), ctx.rank, ctx.size, drop_remainder=drop_remainder)
+    return shard_together(tensors, ctx.rank, ctx.size, drop_remainder=drop_remainder, take=_take_rows)
 
-    def take(t):
-        if not isinstance(t, torch.Tensor):
-            return take_shard(t, ctx.rank, ctx.size, drop_remainder=drop_remainder)
-        return torch.cat([t[part], t[pad]]) if pad else t[part]
 
-    shards = tuple(take(t) for t in tensors)
-    return shards if len(shards) > 1 else shards[0]
+def _take_rows(t, rank: int, size: int, *, drop_remainder: bool):
+    """A tensor's shard: a view of its rows, plus the padding row; anything else goes to the core."""
+    if not isinstance(t, torch.Tensor):
+        return take_shard(t, rank, size, drop_remainder=drop_remainder)
+    part, pad = shard_slice(len(t), rank, size, drop_remainder=drop_remainder)
+    return torch.cat([t[part], t[pad]]) if pad else t[part]
 
 
 class ShardSampler(Sampler[int]):

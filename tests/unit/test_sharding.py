@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdkit.core.errors import UserError
-from hvdkit.core.sharding import shard_indices, take_shard
+from hvdkit.core.sharding import shard_indices, shard_together, take_shard
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +48,12 @@ def test_take_shard_matches_the_indices_for_arrays_and_lists(length, size):
 def test_an_unpadded_numpy_shard_is_a_view():
     x = np.arange(12)
     assert np.shares_memory(take_shard(x, 1, 4), x)
+
+
+def test_arrays_are_sharded_together_and_must_have_the_same_length():
+    x, y = np.arange(10), np.arange(10) * 2
+    xs, ys = shard_together((x, y), 2, 4)
+    assert list(ys) == [2 * v for v in xs] and len(xs) == 3
+    assert list(shard_together((x,), 2, 4)) == list(xs)
+    with pytest.raises(ValueError, match=r"arrays have different lengths \[9, 10\]"):
+        shard_together((x, y[:9]), 0, 2)
