@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from hvdkit.core.errors import UserError
+from hvdkit.core.integrity import TensorBytes, check_digest, numpy_bytes
 from hvdkit.core.units import format_bytes
 
 log = logging.getLogger("hvdkit.checkpoint")
@@ -263,6 +264,28 @@ class CheckpointDir:
         detail = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
         raise ValueError(f"no usable checkpoint in {self.directory!r} ({detail}): restore one from a backup "
                          "or start without --resume")
+
+
+def unreadable(path: str, exc: BaseException) -> CheckpointError:
+    """The error for a checkpoint the framework's loader cannot read (the same words in both adapters)."""
+    return CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
+                           "restore an older checkpoint or start without --resume")
+
+
+def verify_loaded(path: str, found_format: Any, formats: tuple[str, str], content: Any,
+                  tensor_bytes: TensorBytes = numpy_bytes) -> None:
+    """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of ``formats``.
+
+    ``formats`` is (current, legacy): the current format carries its digest
+    inside (:mod:`hvdkit.core.integrity`), the legacy one a ``.sha256`` beside it.
+    """
+    current, legacy = formats
+    if found_format not in formats:
+        kind = current.rsplit("/", 1)[0]
+        raise CheckpointError(f"{path!r} is not an {kind} checkpoint: save it with {kind}.save_checkpoint")
+    why = check_digest(content, tensor_bytes) if found_format == current else verify_legacy_checksum(path)
+    if why is not None:
+        raise damaged(path, why)
 
 
 def damaged(path: str, why: str) -> CheckpointError:

@@ -27,12 +27,12 @@ import hvdkit
 from hvdkit.core.checkpoint_files import (
     CheckpointError,
     check_on_root,
-    damaged,
     read_on_root,
     save_to,
-    verify_legacy_checksum,
+    unreadable,
+    verify_loaded,
 )
-from hvdkit.core.integrity import DIGEST_KEY, check_digest, content_digest
+from hvdkit.core.integrity import DIGEST_KEY, content_digest
 from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import ensure_built, optimizer_variables
@@ -79,18 +79,10 @@ def _read(path: str) -> dict:
             model_vars = [data[f"model_{i}"] for i in range(header["n_model"])]
             opt_vars = [data[f"optimizer_{i}"] for i in range(header["n_optimizer"])]
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
-                              "restore an older checkpoint or start without --resume") from exc
-    if header.get("format") not in (FORMAT, LEGACY_FORMAT):
-        raise CheckpointError(f"{path!r} is not an hvdkit.keras checkpoint: save it with hvdkit.keras.save_checkpoint")
+        raise unreadable(path, exc) from exc
+    stored = header.pop(DIGEST_KEY, None)        # the digest covers the header without itself
     body = {"header": header, "model": model_vars, "optimizer": opt_vars}
-    if header["format"] == FORMAT:
-        stored = header.pop(DIGEST_KEY, None)
-        why = check_digest({"header": header, "model": model_vars, "optimizer": opt_vars, DIGEST_KEY: stored})
-    else:
-        why = verify_legacy_checksum(path)
-    if why is not None:
-        raise damaged(path, why)
+    verify_loaded(path, header.get("format"), (FORMAT, LEGACY_FORMAT), {**body, DIGEST_KEY: stored})
     return body
 
 

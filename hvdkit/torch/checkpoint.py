@@ -28,12 +28,12 @@ import hvdkit
 from hvdkit.core.checkpoint_files import (
     CheckpointError,
     check_on_root,
-    damaged,
     read_on_root,
     save_to,
-    verify_legacy_checksum,
+    unreadable,
+    verify_loaded,
 )
-from hvdkit.core.integrity import DIGEST_KEY, check_digest, content_digest
+from hvdkit.core.integrity import DIGEST_KEY, content_digest
 from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 from hvdkit.torch.tensors import to_cpu
@@ -92,13 +92,9 @@ def _read(path: str) -> dict:
         with open(path, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
-                              "restore an older checkpoint or start without --resume") from exc
-    if not isinstance(state, dict) or state.get("format") not in (FORMAT, LEGACY_FORMAT):
-        raise CheckpointError(f"{path!r} is not an hvdkit.torch checkpoint: save it with hvdkit.torch.save_checkpoint")
-    why = check_digest(state, tensor_bytes) if state["format"] == FORMAT else verify_legacy_checksum(path)
-    if why is not None:
-        raise damaged(path, why)
+        raise unreadable(path, exc) from exc
+    found = state.get("format") if isinstance(state, dict) else None
+    verify_loaded(path, found, (FORMAT, LEGACY_FORMAT), state, tensor_bytes)
     return state
 
 
