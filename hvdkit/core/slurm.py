@@ -29,6 +29,8 @@ TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
 NTASKS = "SLURM_NTASKS"
 # Set in every task that srun starts (not in the batch script itself).
 STEP_ID = "SLURM_STEP_ID"
+# Set where the job (sbatch, salloc) or the step (srun) was given GPUs on this node.
+GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
 
 
 class SlurmError(UserError, ValueError):
@@ -107,6 +109,14 @@ def expand_tasks_per_node(text: str) -> list[int]:
 
 def in_allocation(env: Mapping[str, str]) -> bool:
     return bool(env.get(JOB_ID))
+
+
+def gave_no_gpu(env: Mapping[str, str]) -> bool:
+    """True in a Slurm job that was given no GPU here: the node's GPUs are hidden on purpose, not broken.
+
+    Its /dev/nvidia* files still exist (cgroups deny them rather than remove them).
+    """
+    return in_allocation(env) and not any(env.get(v) for v in GPU_VARIABLES) and "CUDA_VISIBLE_DEVICES" not in env
 
 
 def allocation(env: Mapping[str, str]) -> SlurmAllocation:

@@ -1,4 +1,4 @@
-"""Where a process sits in a Horovod job, independent of the framework.
+"""Where a process sits in a Horovod job, and which GPU it takes, independent of the framework.
 
 Each adapter's ``init()`` returns a subclass that adds its device in the
 framework's own type (``torch.device``, or a TensorFlow device string).
@@ -13,6 +13,8 @@ Example::
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -54,23 +56,143 @@ def share_of_cores(local_size: int) -> int:
 
 
 class NoGPUError(RuntimeError):
-    """This host runs more processes than it has visible GPUs."""
+    """This rank has no GPU of its own: more ranks than GPUs, ranks sharing one, or GPUs that CUDA cannot use."""
 
 
-def gpu_for_local_rank(local_rank: int, local_size: int, visible: int, cuda_visible_devices: str | None) -> int:
-    """The GPU index (among the visible ones) that local rank ``local_rank`` pins: its own number.
+# horovodrun sets it to "1" in every worker of an elastic job (horovod/runner/gloo_run.py).
+ELASTIC = "HOROVOD_ELASTIC"
 
-    Both adapters call this with the framework's visible-device count, which
-    CUDA_VISIBLE_DEVICES has already filtered.
+
+def hides_all_gpus(cuda_visible_devices: str | None) -> bool:
+    """True when CUDA_VISIBLE_DEVICES shows no GPU (empty, ``-1``): CUDA stops at the first entry that is not
+    an index or a ``GPU-``/``MIG-`` UUID, so the user (or the launcher) chose the CPU."""
+    return cuda_visible_devices is not None and not re.match(r"\s*(\d|GPU-|MIG-)", cuda_visible_devices)
+
+
+@dataclass(frozen=True)
+class GPUView:
+    """What one rank sees before it pins a GPU; the ranks exchange these to agree on a GPU each.
+
+    ``uuids`` are the visible GPUs' UUIDs in the framework's order (index i is
+    ``cuda:i`` or TensorFlow's ``GPU:i``), None for a GPU the framework cannot name.
 
     Example::
 
-        gpu_for_local_rank(1, 4, visible=4, cuda_visible_devices=None)   # 1
+        GPUView(rank=1, host="node1", local_rank=1, local_size=2, uuids=("GPU-5a1f...",),
+                cuda_visible_devices="0").choice      # 0: Slurm gave this rank its own GPU
     """
-    if local_rank >= visible:
+
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    uuids: tuple[str | None, ...]
+    cuda_visible_devices: str | None = None
+
+    @classmethod
+    def here(cls, rank: int, local_rank: int, local_size: int, uuids) -> GPUView:
+        """This process's view; ``uuids`` may be the framework's UUID objects (their ``str()``) or None."""
+        import socket
+
+        return cls(rank, socket.gethostname(), local_rank, local_size,
+                   tuple(None if u is None else str(u) for u in uuids), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """Each visible GPU's identity: its UUID as nvidia-smi prints it, else its CUDA_VISIBLE_DEVICES entry.
+
+        The fallback (only where the framework gives no UUID) tells GPUs apart
+        unless the launcher renumbers each rank's own GPU to 0, as Slurm's cgroups
+        (ConstrainDevices) do: those ranks look alike and get the slots error.
+        """
+        entries = self.cuda_visible_devices.split(",") if self.cuda_visible_devices else []
+        return tuple(_uuid_name(u) if u else f"CUDA_VISIBLE_DEVICES entry {entries[i] if i < len(entries) else i}"
+                     for i, u in enumerate(self.uuids))
+
+    @property
+    def choice(self) -> int:
+        """The visible GPU this rank takes: its local rank when it sees a GPU per local rank (the launcher showed it
+        the whole host), else the first (the launcher gave it its own GPU: Slurm, a pod, a per-rank export)."""
+        return self.local_rank if len(self.uuids) >= self.local_size else 0
+
+
+def _describe(view: GPUView) -> str:
+    cvd = "unset" if view.cuda_visible_devices is None else view.cuda_visible_devices
+    return (f"rank {view.rank} (local rank {view.local_rank}) takes GPU {view.choice} of the {len(view.uuids)} "
+            f"it sees with CUDA_VISIBLE_DEVICES={cvd}")
+
+
+def _uuid_name(uuid: str) -> str:
+    # torch prints a UUID without nvidia-smi's "GPU-" prefix, the CUDA driver library's has it (core.cuda_driver).
+    uuid = uuid.strip()
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int:
+    """``rank``'s GPU index once its host's ranks are known to each take a GPU of their own; NoGPUError if not.
+
+    ``views`` come from every rank of the job (one allgather). Each rank takes
+    :attr:`GPUView.choice`, so a host that shows every rank all its GPUs pins
+    GPU N on local rank N, and a launcher that gives each rank its own GPU(s)
+    (Slurm, a pod, a per-rank CUDA_VISIBLE_DEVICES) has each pin its first.
+    Then, among the ranks of ``rank``'s host (same host name, a GPU visible):
+
+    - every rank sees the same GPUs and there are fewer than ranks: the
+      ranks left over get the slots error (the others carry on; the job stops);
+    - else two ranks whose choices are one physical GPU (compared by UUID,
+      see :attr:`GPUView.gpus`) each get the sharing error.
+
+    Example::
+
+        a, b = "GPU-aaaaaaaa-...", "GPU-bbbbbbbb-..."
+        views = [GPUView(0, "n1", 0, 2, (a,), "0"), GPUView(1, "n1", 1, 2, (b,), "0")]   # Slurm cgroups
+        check_gpu_choice(views, 1)       # 0: its own GPU b
+    """
+    me = next(v for v in views if v.rank == rank)
+    host = [v for v in views if v.host == me.host and v.uuids]
+    if len({v.gpus for v in host}) == 1 and any(v.local_rank >= len(v.gpus) for v in host):
+        if me.local_rank >= len(me.gpus):
+            raise NoGPUError(_slots_message(me.local_rank, me.local_size, len(me.gpus), me.cuda_visible_devices))
+        return me.choice          # the ranks past the host's GPUs stop the job with the slots error
+    taken = me.gpus[me.choice]
+    sharing = sorted((v for v in host if v.gpus[v.choice] == taken), key=lambda v: v.rank)
+    if len(sharing) > 1:
+        ranks = [str(v.rank) for v in sharing]
+        names = ", ".join(ranks[:-1]) + f" and {ranks[-1]}"
         raise NoGPUError(
-            f"local rank {local_rank} has no GPU: this host runs {local_size} processes but {visible} GPU(s) are "
-            f"visible (CUDA_VISIBLE_DEVICES={cuda_visible_devices if cuda_visible_devices is not None else 'unset'}); "
-            f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs"
+            f"ranks {names} on {me.host} would share GPU {taken} ({'; '.join(_describe(v) for v in sharing)}): "
+            f"give each rank its own GPU (srun --gpus-per-task=1, or a different CUDA_VISIBLE_DEVICES per rank) "
+            f"or show every rank all of the host's GPUs, and hvdkit pins one per local rank"
         )
-    return local_rank
+    return me.choice
+
+
+def pin_gpu(view: GPUView, allgather: Callable[[GPUView], list], pin: Callable[[int], None], *,
+            pin_first: bool = False, environ: Mapping[str, str] | None = None) -> int:
+    """Pin this rank's GPU (:attr:`GPUView.choice`) after :func:`check_gpu_choice` compared it with its host's.
+
+    ``allgather`` is the framework's object allgather, called once on every
+    rank that has a GPU; ``pin(index)`` the framework's set-device. With
+    ``pin_first`` the check follows the pin (TensorFlow: its collectives start
+    its runtime, after which its visible GPUs are fixed). In an elastic job
+    there is no check: a worker that joins later runs ``init()`` while the
+    others train, so an allgather there would pair with nothing.
+
+    Example::
+
+        gpu = pin_gpu(view, lambda v: hvd.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
+    """
+    environ = os.environ if environ is None else environ
+    if pin_first:
+        pin(view.choice)
+    if environ.get(ELASTIC) != "1":
+        check_gpu_choice(allgather(view), view.rank)
+    if not pin_first:
+        pin(view.choice)
+    return view.choice
+
+
+def _slots_message(local_rank: int, local_size: int, visible: int, cuda_visible_devices: str | None) -> str:
+    return (f"local rank {local_rank} has no GPU: this host runs {local_size} processes but {visible} GPU(s) are "
+            f"visible (CUDA_VISIBLE_DEVICES={cuda_visible_devices if cuda_visible_devices is not None else 'unset'}); "
+            f"lower the host's slots to {visible} in -H/--hostfile or expose more GPUs")

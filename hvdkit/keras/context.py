@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hvdkit.core import slurm
-from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
+from hvdkit.core import cuda_driver, slurm
+from hvdkit.core.topology import GPUView, Topology, cpu_threads_per_rank, pin_gpu
 from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import for_mode
@@ -37,7 +37,11 @@ _context: Context | None = None
 
 
 def init(seed: int | None = None, threads: int | None = None) -> Context:
-    """Initialise Horovod for the active Keras backend, pin the local rank's GPU (or share the CPU).
+    """Initialise Horovod for the active Keras backend, pin this rank's own GPU (or share the CPU).
+
+    The GPU is chosen as in :func:`hvdkit.torch.init`: the local rank's when
+    every rank of the host sees all its GPUs, else the first visible one, after
+    the ranks compared UUIDs (:func:`hvdkit.core.topology.check_gpu_choice`).
 
     Raises :class:`hvdkit.keras.BackendError` for backends Horovod cannot
     serve (JAX, NumPy, OpenVINO). ``seed`` seeds Keras, numpy and Python with
@@ -47,13 +51,15 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     global _context
     mode = resolve_backend()
     coll = for_mode(mode)
-    apply_horovod_defaults(on_gpu=_has_gpu(mode))  # measured (hvdkit.core.tuning); the environment wins
+    on_gpu = _has_gpu(mode)
+    apply_horovod_defaults(on_gpu=on_gpu)  # measured (hvdkit.core.tuning); the environment wins
     slurm.check_direct_launch(os.environ, mpi_built=bool(coll.hvd.mpi_built()))   # srun without PMIx: say the fix
+    cuda_driver.check_cuda_usable(on_gpu, _FRAMEWORK[mode], _cuda_build(mode))   # GPUs it cannot use: say why
     coll.hvd.init()
     local_rank, local_size = coll.hvd.local_rank(), coll.hvd.local_size()
     threads = threads if threads is not None else cpu_threads_per_rank(local_size)
     pin = _pin_torch if mode == "torch" else _pin_tensorflow
-    gpu, device = pin(local_rank, local_size, threads)
+    gpu, device = pin(coll, local_rank, local_size, threads)
     _context = Context(
         rank=coll.hvd.rank(), size=coll.hvd.size(), local_rank=local_rank, local_size=local_size,
         cross_rank=coll.hvd.cross_rank(), cross_size=coll.hvd.cross_size(), gpu=gpu, backend=mode, device=device,
@@ -85,14 +91,39 @@ def _has_gpu(mode: str) -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> tuple[int | None, str]:
+_FRAMEWORK = {"torch": "torch", "tensorflow": "TensorFlow", "tf_keras": "TensorFlow"}
+
+
+def _cuda_build(mode: str) -> str | None:
+    """The CUDA version the backend was built for; None for a CPU-only build."""
+    if mode == "torch":
+        import torch
+
+        return torch.version.cuda
+    import tensorflow as tf
+
+    info = tf.sysconfig.get_build_info()
+    return info.get("cuda_version") if info.get("is_cuda_build") else None
+
+
+def _pin_tensorflow(coll, local_rank: int, local_size: int, threads: int | None) -> tuple[int | None, str]:
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        gpu = gpu_for_local_rank(local_rank, local_size, len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        tf.config.experimental.set_memory_growth(gpus[gpu], True)
-        tf.config.set_visible_devices(gpus[gpu], "GPU")
+        view = GPUView.here(coll.hvd.rank(), local_rank, local_size, _tensorflow_gpu_uuids(len(gpus)))
+
+        def pin(index: int) -> None:
+            tf.config.experimental.set_memory_growth(gpus[index], True)
+            tf.config.set_visible_devices(gpus[index], "GPU")
+
+        def gather(obj):
+            # On the CPU: NCCL would stop at two ranks on one GPU before the check could name them.
+            with tf.device("/CPU:0"):
+                return coll.allgather_object(obj, name="hvdkit.gpus")
+
+        # Pin first: Horovod's TensorFlow collectives start TensorFlow's runtime, which fixes the visible GPUs.
+        gpu = pin_gpu(view, gather, pin, pin_first=True)
         return gpu, "/GPU:0"   # the only GPU TensorFlow now sees
     if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
         # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
@@ -103,13 +134,24 @@ def _pin_tensorflow(local_rank: int, local_size: int, threads: int | None) -> tu
     return None, "/CPU:0"
 
 
-def _pin_torch(local_rank: int, local_size: int, threads: int | None):
+def _tensorflow_gpu_uuids(count: int) -> list[str | None]:
+    """The UUIDs of TensorFlow's ``GPU:0..count-1``, from the CUDA driver library (TensorFlow has no UUID API).
+
+    None for each where the library cannot say or counts differently from
+    TensorFlow; :attr:`hvdkit.core.topology.GPUView.gpus` then falls back to
+    the CUDA_VISIBLE_DEVICES entries.
+    """
+    uuids = cuda_driver.visible_gpu_uuids()
+    return uuids if uuids is not None and len(uuids) == count else [None] * count
+
+
+def _pin_torch(coll, local_rank: int, local_size: int, threads: int | None):
     import torch
 
     if torch.cuda.is_available():
-        gpu = gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(),
-                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
-        torch.cuda.set_device(gpu)
+        uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(torch.cuda.device_count())]
+        view = GPUView.here(coll.hvd.rank(), local_rank, local_size, uuids)
+        gpu = pin_gpu(view, lambda v: coll.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         return gpu, torch.device("cuda", gpu)
     if threads is not None:
         torch.set_num_threads(threads)

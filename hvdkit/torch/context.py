@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hvdkit.core import slurm
-from hvdkit.core.topology import Topology, cpu_threads_per_rank, gpu_for_local_rank
+from hvdkit.core import cuda_driver, slurm
+from hvdkit.core.topology import GPUView, Topology, cpu_threads_per_rank, pin_gpu
 from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.torch._horovod import hvd
 
@@ -33,7 +33,13 @@ _context: Context | None = None
 
 
 def init(seed: int | None = None, threads: int | None = None) -> Context:
-    """Initialise Horovod, pin the GPU of the local rank (or use the CPU), set threads and seeds.
+    """Initialise Horovod, pin this rank's own GPU (or use the CPU), set threads and seeds.
+
+    The GPU is the local rank's when every rank of the host sees all its GPUs,
+    else the first visible one (a launcher that gives each rank its own); the
+    ranks compare the GPUs' UUIDs first and raise :class:`hvdkit.core.topology.NoGPUError` if two
+    would share one (see :func:`hvdkit.core.topology.check_gpu_choice`), or
+    if the host has GPUs that torch cannot use (an old driver).
 
     ``seed`` seeds Python, numpy and torch with ``seed + rank`` (see
     :func:`seed_everything`); the model still starts identical on every rank
@@ -43,15 +49,17 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     thread per core and thrash (unless OMP_NUM_THREADS is set).
     """
     global _context
-    apply_horovod_defaults(on_gpu=torch.cuda.is_available())  # measured (hvdkit.core.tuning); the environment wins
+    cuda = torch.cuda.is_available()
+    apply_horovod_defaults(on_gpu=cuda)  # measured (hvdkit.core.tuning); the environment wins
     slurm.check_direct_launch(os.environ, mpi_built=bool(hvd.mpi_built()))   # srun without PMIx: say the fix
+    cuda_driver.check_cuda_usable(cuda, "torch", torch.version.cuda)   # GPUs torch cannot use: say why
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
-    if torch.cuda.is_available():
-        # device_count() is already filtered by CUDA_VISIBLE_DEVICES.
-        gpu = gpu_for_local_rank(local_rank, local_size, torch.cuda.device_count(),
-                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
-        torch.cuda.set_device(gpu)
+    if cuda:
+        # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
+        uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(torch.cuda.device_count())]
+        view = GPUView.here(hvd.rank(), local_rank, local_size, uuids)
+        gpu = pin_gpu(view, lambda v: hvd.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         device = torch.device("cuda", gpu)
     else:
         gpu, device = None, torch.device("cpu")

@@ -1,15 +1,35 @@
 """GPU pinning for both adapters on a CPU machine: the device queries are faked in the worker, Horovod is real.
 
-Each rank must pin the GPU of its local rank (torch: set_device(local_rank) and
-cuda:<local_rank>; Keras on TF: memory growth and visibility of that GPU only),
-and a host with more processes than visible GPUs must stop every extra rank
-with the slots message instead of sharing a GPU (where NCCL would fail later).
+Each rank must end up on a GPU of its own, however the launcher shows GPUs:
+all of the host's to every rank (pin the local rank: torch set_device(N) and
+cuda:N; Keras on TF memory growth and visibility of GPU N only), or one per
+rank (Slurm's --gpus-per-task and cgroups, a pod, a per-rank
+CUDA_VISIBLE_DEVICES: pin the first). The ranks compare GPU UUIDs: a host with
+more processes than GPUs stops every extra rank with the slots message, two
+ranks on one physical GPU stop with the sharing message (NCCL would fail
+later), and GPUs that CUDA cannot use (an old driver) stop every rank instead
+of training on the CPU.
 """
+
+import socket
 
 import pytest
 
 pytestmark = pytest.mark.multiproc
 FRAMEWORKS = ["torch", "keras-torch", "keras-tensorflow"]
+
+
+def uuid(c):
+    """The UUID the worker gives the GPU it calls ``c`` (as nvidia-smi prints it)."""
+    return f"GPU-{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}"
+
+
+def pinned(framework, index):
+    """The calls that pin GPU ``index`` (of the ones the rank sees)."""
+    if framework == "keras-tensorflow":
+        gpu = f"/physical_device:GPU:{index}"
+        return [["memory_growth", gpu, True], ["visible", gpu, "GPU"]]
+    return [["set_device", index]]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -18,20 +38,62 @@ def test_each_local_rank_pins_its_own_gpu(launch, framework):
     for rank, r in enumerate(results):
         assert "error" not in r, r
         assert r["size"] == 2 and r["rank"] == rank and r["gpu"] == rank
-        if framework == "keras-tensorflow":
-            assert r["device"] == "/GPU:0"   # the only GPU this rank's TensorFlow sees
-            gpu = f"/physical_device:GPU:{rank}"
-            assert r["calls"] == [["memory_growth", gpu, True], ["visible", gpu, "GPU"]]
-        else:
-            assert r["device"] == f"cuda:{rank}"
-            assert r["calls"] == [["set_device", rank]]
+        # Keras on TF: "/GPU:0" is the only GPU this rank's TensorFlow sees
+        assert r["device"] == ("/GPU:0" if framework == "keras-tensorflow" else f"cuda:{rank}")
+        assert r["calls"] == pinned(framework, rank)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_gpu_per_rank_from_the_launcher_pins_the_first(launch, framework):
+    # Slurm with cgroups: every task has CUDA_VISIBLE_DEVICES=0 and sees one GPU, a different one in each task.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--uuids", "a", "--uuids", "b",
+                     "--cvd", "0", "--cvd", "0")
+    for rank, r in enumerate(results):
+        assert "error" not in r, r
+        assert r["size"] == 2 and r["rank"] == rank and r["gpu"] == 0
+        assert r["device"] == ("/GPU:0" if framework == "keras-tensorflow" else "cuda:0")
+        assert r["calls"] == pinned(framework, 0)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_two_ranks_on_one_physical_gpu_get_the_sharing_error(launch, framework):
+    # Rank 0 sees the host's two GPUs and takes its local rank's (a); rank 1 was shown only a, as its first.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--uuids", "a,b", "--uuids", "a",
+                     "--cvd", "0,1", "--cvd", "0", expect_ok=False)
+    for rank, r in enumerate(results):
+        error = r["error"]
+        assert error.startswith(f"ranks 0 and 1 on {socket.gethostname()} would share GPU {uuid('a')} ("), error
+        assert "rank 0 (local rank 0) takes GPU 0 of the 2 it sees with CUDA_VISIBLE_DEVICES=0,1" in error
+        assert "rank 1 (local rank 1) takes GPU 0 of the 1 it sees with CUDA_VISIBLE_DEVICES=0" in error
+        assert "give each rank its own GPU (srun --gpus-per-task=1" in error and "\n" not in error
+        # TensorFlow pins before the ranks compare: its collectives start its runtime, which fixes its GPUs.
+        assert r["calls"] == (pinned(framework, 0) if framework == "keras-tensorflow" else []), rank
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_more_processes_than_gpus_gets_the_slots_error(launch, framework):
+    # Both ranks see the same one GPU: the host shows all it has, and it has fewer GPUs than processes.
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "1", expect_ok=False)
     assert "error" not in results[0] and results[0]["size"] == 2
     error = results[1]["error"]
     assert error.startswith("local rank 1 has no GPU: this host runs 2 processes but 1 GPU(s) are visible"), error
     assert "lower the host's slots to 1" in error
-    assert results[1]["calls"] == [], "a rank without a GPU must not pin one"
+    # Torch checks before it pins; TensorFlow pins first (see the sharing test).
+    assert results[1]["calls"] == (pinned(framework, 0) if framework == "keras-tensorflow" else []), \
+        "a rank without a GPU must not pin one"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_gpus_that_cuda_cannot_use_stop_every_rank(launch, framework):
+    # /dev/nvidia0 is there, the driver (520) is older than the framework's CUDA needs, CUDA reports no GPU.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--driver", "520.61.05", expect_ok=False)
+    name, minimum, cuda = ("TensorFlow", 525, 12) if framework == "keras-tensorflow" else ("torch", 580, 13)
+    assert len(results) == 2
+    for r in results:
+        error = r["error"]
+        assert error.startswith("NVIDIA GPU(s) found (") and "/dev/nvidia0)" in error, error
+        assert f"but {name} cannot use CUDA: driver 520.61.05 is older than {minimum}, the minimum for CUDA {cuda}" \
+            in error
+        assert f"upgrade the NVIDIA driver to {minimum} or newer" in error
+        assert "or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately" in error and "\n" not in error
+        assert r["calls"] == []

@@ -100,21 +100,6 @@ def test_discovery_output_is_host_colon_slots_lines():
     assert [(h.name, h.slots) for h in spec.hosts] == [("server1", 4), ("server2", 2)]
 
 
-@pytest.mark.parametrize("local_rank,visible,env,ok", [
-    (0, 1, None, True), (3, 4, "0,1,2,3", True), (1, 1, None, False), (2, 2, "4,5", False)])
-def test_gpu_for_local_rank_names_the_slots_to_use(local_rank, visible, env, ok):
-    from hvdkit.core.topology import NoGPUError, gpu_for_local_rank
-
-    if ok:
-        assert gpu_for_local_rank(local_rank, local_rank + 1, visible, env) == local_rank
-        return
-    with pytest.raises(NoGPUError) as err:
-        gpu_for_local_rank(local_rank, 4, visible, env)
-    msg = str(err.value)
-    assert f"local rank {local_rank} has no GPU" in msg and f"{visible} GPU(s) are visible" in msg
-    assert f"CUDA_VISIBLE_DEVICES={env or 'unset'}" in msg and f"lower the host's slots to {visible}" in msg
-
-
 def test_discovery_output_with_bare_names_takes_the_default_slots():
     from hvdkit.core.hosts import parse_discovery_output
 

@@ -1,10 +1,17 @@
-"""Worker: GPU pinning without a GPU, by faking the framework's device queries (the seam both adapters use).
+"""Worker: GPU pinning without a GPU, by faking the device queries both adapters make.
 
---framework torch | keras-torch: torch.cuda.is_available/device_count/set_device
-are replaced, so hk.init() takes its GPU branch and we record what it pinned.
+--framework torch | keras-torch: torch.cuda.is_available/device_count/
+get_device_properties(i).uuid/set_device are replaced, so hk.init() takes its
+GPU branch and we record what it pinned.
 --framework keras-tensorflow: tf.config.list_physical_devices("GPU") returns
-fake devices; set_memory_growth and set_visible_devices are recorded.
---gpus N: how many GPUs this host shows (after CUDA_VISIBLE_DEVICES).
+fake devices and the CUDA driver library (where hvdkit reads TensorFlow's GPU
+UUIDs) is a fake; set_memory_growth and set_visible_devices are recorded.
+--gpus N: every rank sees the same N GPUs (a host that shows all its GPUs).
+--uuids a,b (once per rank, in rank order): the GPUs this rank sees, one hex
+letter per GPU standing for its UUID (GPU-aaaaaaaa-...); --cvd, once per rank,
+sets the rank's CUDA_VISIBLE_DEVICES.
+--driver V: a host with /dev/nvidia0 and driver V (a fake /dev and /proc) on
+which CUDA is unusable.
 
 Writes rank<R>.json with the device string and what was pinned, or the error.
 """
@@ -12,13 +19,53 @@ Writes rank<R>.json with the device string and what was pinned, or the error.
 import argparse
 import json
 import os
+from types import SimpleNamespace
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--framework", choices=["torch", "keras-torch", "keras-tensorflow"], required=True)
-p.add_argument("--gpus", type=int, required=True)
+p.add_argument("--gpus", type=int, default=0)
+p.add_argument("--uuids", action="append")
+p.add_argument("--cvd", action="append")
+p.add_argument("--driver")
 args = p.parse_args()
+rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+letters = args.uuids[rank].split(",") if args.uuids else "abcdefgh"[:args.gpus]
+uuids = [f"GPU-{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}" for c in letters]
+if args.cvd:
+    os.environ["CUDA_VISIBLE_DEVICES"] = args.cvd[rank]
 calls = []
+
+
+class FakeLibcuda:
+    """The CUDA driver calls hvdkit.core.cuda_driver makes (arguments are ctypes byref()s), for the fake GPUs."""
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = len(uuids)
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetUuid_v2(self, uuid, device):
+        uuid._obj.bytes[:] = list(bytes.fromhex(letters[device.value] * 32))
+        return 0
+
+
+if args.driver:
+    # A GPU host whose CUDA the framework cannot use: /dev/nvidia0 and an old driver in /proc.
+    from hvdkit.core import cuda_driver
+
+    fake = os.path.join(args.out, f"host-of-rank{rank}")
+    os.makedirs(os.path.join(fake, "dev"))
+    open(os.path.join(fake, "dev", "nvidia0"), "w").close()
+    with open(os.path.join(fake, "version"), "w") as f:
+        f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {args.driver}  Sat Aug 19 01:15:15 UTC 2023\n")
+    cuda_driver.DEV_DIR, cuda_driver.DRIVER_VERSION_FILE = os.path.join(fake, "dev"), os.path.join(fake, "version")
 
 if args.framework == "keras-tensorflow":
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -26,19 +73,28 @@ if args.framework == "keras-tensorflow":
 
     import tensorflow as tf
 
+    from hvdkit.core import cuda_driver
+
+    if args.driver:
+        tf.sysconfig.get_build_info = lambda: {"is_cuda_build": True, "cuda_version": "12.5.1"}   # tensorflow 2.21
     Fake = namedtuple("PhysicalDevice", "name device_type")
-    gpus = [Fake(f"/physical_device:GPU:{i}", "GPU") for i in range(args.gpus)]
+    gpus = [Fake(f"/physical_device:GPU:{i}", "GPU") for i in range(len(uuids))]
     real_list = tf.config.list_physical_devices
     tf.config.list_physical_devices = lambda kind=None: list(gpus) if kind == "GPU" else real_list(kind)
     tf.config.experimental.set_memory_growth = lambda dev, on: calls.append(["memory_growth", dev.name, on])
     tf.config.set_visible_devices = lambda dev, kind=None: calls.append(["visible", dev.name, kind])
+    cuda_driver.load_libcuda = FakeLibcuda
 else:
     if args.framework == "keras-torch":
         os.environ["KERAS_BACKEND"] = "torch"
     import torch
 
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: args.gpus
+    if args.driver:
+        torch.version.cuda = "13.0"   # the build hvdkit installs (torch 2.14.1+cu130)
+    torch.cuda.is_available = lambda: bool(uuids)
+    torch.cuda.device_count = lambda: len(uuids)
+    # torch prints a UUID without nvidia-smi's "GPU-" (torch._C._CUuuid.__str__)
+    torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=uuids[i][len("GPU-"):])
     torch.cuda.set_device = lambda index: calls.append(["set_device", index])
 
 if args.framework == "torch":
@@ -51,6 +107,5 @@ try:
     result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
 except RuntimeError as exc:
     result = {"error": str(exc), "calls": calls}
-rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
