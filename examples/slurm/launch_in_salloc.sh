@@ -4,14 +4,21 @@
 # on hand-written hosts. Use it where nodes reach each other over ssh; where they
 # do not, use srun directly (train_gpu.sbatch).
 #
-#   salloc -N 2 --ntasks-per-node=4 --gpus-per-task=1 examples/slurm/launch_in_salloc.sh
+#   salloc -N 2 --ntasks-per-node=4 --gpus-per-node=4 examples/slurm/launch_in_salloc.sh
 #   sbatch -N 2 --ntasks-per-node=2 examples/slurm/launch_in_salloc.sh     # works the same
 #
-# Tested on a two-node Slurm 22.05 test cluster (tests/multihost/test_slurm.py).
+# GPUs per node, not per task: horovodrun starts the ranks, not srun, so Slurm binds
+# no GPU to a rank; each sees its node's GPUs and hvdkit pins its local rank.
+# IFACE=ib0 names the interface between the nodes (--network-interface); unset, Horovod
+# and MPI choose. HVDKIT_VENV and EPOCHS override the defaults below.
+#
+# Tested on a two-node Slurm 22.05 test cluster (tests/multihost/test_slurm.py): this script
+# as it is with 2 stand-in GPUs per node (sbatch -N 2 --ntasks-per-node=2 --gpus-per-node=2),
+# and the same `hvdkit launch --slurm` training on CPUs.
 set -euo pipefail
 VENV=${HVDKIT_VENV:-$HOME/hvdkit/.venv}
-IFACE=${IFACE:-eth0}
+EPOCHS=${EPOCHS:-12}
 
 "$VENV/bin/hvdkit" hosts --slurm                      # where each rank will run
-exec "$VENV/bin/hvdkit" launch --slurm --network-interface "$IFACE" \
-    -- "$VENV/bin/python" examples/pytorch_mnist.py --epochs 12
+exec "$VENV/bin/hvdkit" launch --slurm ${IFACE:+--network-interface "$IFACE"} \
+    -- "$VENV/bin/python" examples/pytorch_mnist.py --epochs "$EPOCHS"

@@ -93,6 +93,24 @@ def test_manifest_is_a_valid_mpijob_for_hvdkits_image(path, validator):
     assert args[:2] == ["hvdkit", "launch"] and args[args.index("-p") + 1] == port
 
 
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_the_images_ssh_config_covers_the_operators_worker_names(path):
+    """The names the operator's hostfile and discover_hosts.sh give (with and without a cluster domain) get the
+    sshd port, the Secret's key and no host-key check from docker/ssh_config alone (`ssh -G` connects to nothing;
+    tests/multihost/test_kubernetes_ssh.py runs it on stand-in pods)."""
+    job = yaml.safe_load(path.read_text())
+    name, port = job["metadata"]["name"], re.search(r"^Port (\d+)", (ROOT / "docker" / "sshd_config").read_text(),
+                                                      re.M).group(1)
+    for host in (f"{name}-worker-0.{name}.default.svc", f"{name}-worker-1.{name}.team-a.svc.cluster.local"):
+        proc = subprocess.run(["ssh", "-G", "-F", str(ROOT / "docker" / "ssh_config"), host], capture_output=True,
+                              text=True, timeout=30)
+        opts = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+        assert (opts["port"], opts["identityfile"], opts["stricthostkeychecking"], opts["userknownhostsfile"]) == \
+            (port, f"{job['spec']['sshAuthMountPath'].replace('/root', '~')}/id_rsa", "false", "/dev/null"), host
+    # The Secret's directory is world-writable (a kubelet tmpfs): sshd's StrictModes would refuse every key in it.
+    assert re.search(r"^StrictModes no$", (ROOT / "docker" / "sshd_config").read_text(), re.M)
+
+
 def run_dry(args: list[str], replace: dict[str, str]) -> subprocess.CompletedProcess:
     argv = [str(BIN / "hvdkit"), *[replace.get(a, a) for a in args[1:]]]
     argv.insert(argv.index("--"), "--dry-run")

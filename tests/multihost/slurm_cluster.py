@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -29,9 +30,10 @@ CTLD_PORT, SLURMD_PORT = 16917, 16918
 class SlurmHosts(TestHosts):
     __test__ = False
 
-    def __init__(self, names: list[str], cpus_per_host: int = 2):
+    def __init__(self, names: list[str], cpus_per_host: int = 2, gpus_per_host: int = 0):
         super().__init__(names)
         self.cpus = cpus_per_host
+        self.gpus = gpus_per_host
         self.conf = self.tmp / "slurm.conf"
         self.daemons: list[subprocess.Popen] = []
 
@@ -46,8 +48,10 @@ class SlurmHosts(TestHosts):
         # The hosts share one filesystem, and Slurm's PMIx plugin makes the same directory name
         # on every node of a step (spmix_appdir_<uid>_<job>.<step>): give each host its own.
         (self.tmp / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.tmp / 'pmix'}\n")
+        gres, gres_types = (self._fake_gpus(), "GresTypes=gpu\n") if self.gpus else ("", "")
         me = socket.gethostname()   # slurmctld refuses to run unless SlurmctldHost names this machine
-        nodes = "".join(f"NodeName={n} NodeAddr={self.ips[n]} CPUs={self.cpus} State=UNKNOWN\n" for n in self.names)
+        nodes = "".join(f"NodeName={n} NodeAddr={self.ips[n]} CPUs={self.cpus}{gres} State=UNKNOWN\n"
+                        for n in self.names)
         self.conf.write_text(
             f"ClusterName=hvdkittest\nSlurmctldHost={me}({SUBNET}.1)\nSlurmUser=root\nSlurmdUser=root\n"
             "AuthType=auth/none\nCredType=cred/none\nMpiDefault=none\nProctrackType=proctrack/linuxproc\n"
@@ -57,7 +61,7 @@ class SlurmHosts(TestHosts):
             f"SlurmctldPidFile={self.tmp}/slurmctld.pid\nSlurmdPidFile={self.tmp}/slurmd-%n.pid\n"
             f"SlurmctldLogFile={self.tmp}/slurmctld.log\nSlurmdLogFile={self.tmp}/slurmd-%n.log\n"
             "SlurmdParameters=config_overrides\nReturnToService=2\nInactiveLimit=0\nKillWait=5\n"
-            f"{nodes}PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
+            f"{gres_types}{nodes}PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
         self.daemons.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], start_new_session=True,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for name in self.names:
@@ -76,18 +80,42 @@ class SlurmHosts(TestHosts):
             time.sleep(0.5)
         raise RuntimeError(f"Slurm nodes not idle within 30s: {out!r}\n{self.logs()}")
 
+    def _fake_gpus(self) -> str:
+        """GPU GRES backed by stand-in device files; returns the node lines' Gres= field.
+
+        Slurm 22.05's slurmd stats each gres.conf File= and drops any that is not a
+        character or block device ("is not a valid character or block device, fix your
+        gres.conf", src/plugins/gres/common/gres_common.c), so regular files do not do:
+        these are character devices with the NVIDIA driver's major number (195), as
+        /dev/nvidia0..N are. Slurm only stats them; nothing opens them.
+        """
+        dev = self.tmp / "dev"
+        dev.mkdir()
+        for i in range(self.gpus):
+            os.mknod(dev / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
+        (self.tmp / "gres.conf").write_text(f"Name=gpu File={dev}/nvidia[0-{self.gpus - 1}]\n")
+        return f" Gres=gpu:{self.gpus}"
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.tmp.glob("*.log"))
                          if p.name.startswith("slurm"))
 
     def sbatch(self, script: str, nodes: int, tasks_per_node: int, env: dict | None = None) -> tuple[str, Path]:
         """Submit ``script`` (a bash script body) and return (job id, output file)."""
-        out = self.tmp / f"job-{len(list(self.tmp.glob('job-*')))}.out"
-        path = out.with_suffix(".sh")
+        path = self.tmp / f"job-{len(list(self.tmp.glob('job-*.sh')))}.sh"
         path.write_text("#!/bin/bash\n" + script)
-        proc = subprocess.run(["sbatch", "--parsable", "-N", str(nodes), f"--ntasks-per-node={tasks_per_node}",
-                               "-o", str(out), str(path)], capture_output=True, text=True, timeout=30,
-                              env={**self.env, **(env or {})})
+        return self.sbatch_file(path, ["-N", str(nodes), f"--ntasks-per-node={tasks_per_node}"], env)
+
+    def sbatch_file(self, path: Path, options: list[str], env: dict | None = None,
+                    cwd: Path | None = None) -> tuple[str, Path]:
+        """Submit the batch script at ``path`` as it is, with sbatch ``options`` before it; (job id, output file).
+
+        Only the output file is named here (in the cluster's temp dir); everything else
+        comes from the script's #SBATCH lines and ``options``.
+        """
+        out = self.tmp / f"{path.stem}-{len(list(self.tmp.glob('*.out')))}.out"
+        proc = subprocess.run(["sbatch", "--parsable", "-o", str(out), *options, str(path)], capture_output=True,
+                              text=True, timeout=30, env={**self.env, **(env or {})}, cwd=cwd)
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch failed: {proc.stderr}")
         return proc.stdout.strip().split(";")[0], out

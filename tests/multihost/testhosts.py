@@ -96,8 +96,8 @@ class TestHosts:
         (self.tmp / "authorized_keys").write_text((self.tmp / "client_key.pub").read_text())
         SSH_CLIENT_CONFIG.parent.mkdir(parents=True, exist_ok=True)
         SSH_CLIENT_CONFIG.write_text(
-            f"{MARKER}\nHost {' '.join(self.names)}\n  IdentityFile {self.key}\n  StrictHostKeyChecking no\n"
-            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+            f"{MARKER}\nHost {' '.join(self.names)}\n  Port {PORT}\n  IdentityFile {self.key}\n"
+            "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
         Path("/run/sshd").mkdir(exist_ok=True)
         for name in self.names:
             if self.options.get(name, HostOptions()).sshd:
@@ -143,9 +143,7 @@ class TestHosts:
     def run_on(self, name: str, argv: list[str], timeout: float,
                env: dict | None = None) -> subprocess.CompletedProcess:
         """Run a command inside host ``name`` (its network and hostname), killing its group on timeout."""
-        inner = " ".join(_quote(a) for a in argv)
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(name), "unshare", "--uts", "sh", "-c",
-                                 f"hostname {name}; exec {inner}"],
+        proc = subprocess.Popen(self.enter(name, " ".join(_quote(a) for a in argv)),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:
@@ -158,11 +156,14 @@ class TestHosts:
 
     def spawn_on(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         """Start a command inside host ``name`` and return at once (stdout piped, own process group)."""
-        inner = " ".join(_quote(a) for a in argv)
-        return subprocess.Popen(["ip", "netns", "exec", self.ns(name), "unshare", "--uts", "sh", "-c",
-                                 f"hostname {name}; exec {inner}"],
+        return subprocess.Popen(self.enter(name, " ".join(_quote(a) for a in argv)),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
+
+    def enter(self, name: str, command: str) -> list[str]:
+        """The argv that runs the shell ``command`` inside host ``name``: its network namespace and hostname."""
+        return ["ip", "netns", "exec", self.ns(name), "unshare", "--uts", "sh", "-c",
+                f"hostname {name}; exec {command}"]
 
     # -- tear down --------------------------------------------------------------
     def close(self) -> None:
