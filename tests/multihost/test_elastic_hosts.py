@@ -18,7 +18,7 @@ from tests.multihost.testhosts import PORT, TestHosts
 
 pytestmark = pytest.mark.multihost
 HOSTS = ["hosta", "hostb", "hostc", "hostd"]
-EPOCHS = 12
+EPOCHS = 6   # about 60 steps on 4 ranks: the kill comes at step 20, 10 steps on 3 must follow
 EXAMPLES = {   # id: script and its arguments
     "torch": ["pytorch_elastic.py"],
     "keras-tensorflow": ["keras_elastic.py", "--backend", "tensorflow"],
@@ -26,9 +26,9 @@ EXAMPLES = {   # id: script and its arguments
 }
 
 
-def example(name: str) -> list[str]:
+def example(name: str, epochs: int = EPOCHS) -> list[str]:
     script, *extra = EXAMPLES[name]
-    return [sys.executable, str(ROOT / "examples" / script), *extra, "--epochs", str(EPOCHS), "--json"]
+    return [sys.executable, str(ROOT / "examples" / script), *extra, "--epochs", str(epochs), "--json"]
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +40,15 @@ def four_hosts():
         yield cluster
 
 
-def elastic_argv(np: int, min_np: int, name: str) -> list[str]:
+def elastic_argv(np: int, min_np: int, name: str, epochs: int) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", str(np), "--min-np", str(min_np), "--max-np", "4", "-p", str(PORT),
             "--network-interface", "eth0", "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
-            *example(name)]
+            *example(name, epochs)]
 
 
-def start(cluster, hosts_file, np, min_np, name="torch") -> ElasticJob:
+def start(cluster, hosts_file, np, min_np, name="torch", epochs=EPOCHS) -> ElasticJob:
     env = job_env(HVDKIT_ELASTIC_HOSTS=str(hosts_file))
-    return ElasticJob(elastic_argv(np, min_np, name), env,
+    return ElasticJob(elastic_argv(np, min_np, name, epochs), env,
                       popen=lambda argv, env: cluster.spawn_on("hosta", argv, env)).start()
 
 
@@ -111,7 +111,7 @@ def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, name):
 def test_host_removed_then_added_back(four_hosts, tmp_path):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
-    job = start(four_hosts, hosts_file, np=4, min_np=2)
+    job = start(four_hosts, hosts_file, np=4, min_np=2, epochs=10)   # room for a shrink and a regrowth
     try:
         job.wait_for(lambda c: c and c[-1].size == 4 and c[-1].step >= 20, 240, "20 steps on 4 hosts")
         hosts_file.write_text("".join(f"{h} slots=1\n" for h in HOSTS[:3]))
