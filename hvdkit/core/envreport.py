@@ -51,6 +51,7 @@ class HorovodBuild:
     nccl_version: str | None = None
     cuda_built: bool = False
     torch_cxx_standard: str | None = None
+    cuda_arches: dict[str, list[int]] | None = None   # {"sass": [75, ...], "ptx": [120]} from the library's fatbin
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -150,6 +151,7 @@ def parse_probe(payload: dict) -> tuple[HorovodBuild | None, str | None]:
         nccl_version=payload.get("nccl_version"),
         cuda_built=payload.get("cuda_built", False),
         torch_cxx_standard=payload.get("torch_cxx_standard"),
+        cuda_arches=payload.get("cuda_arches"),
         errors=payload.get("errors") or {},
     ), None
 
@@ -231,6 +233,10 @@ def render_text(report: EnvReport) -> str:
             f"  NCCL               {hb.nccl_version or 'not built'}",
             f"  CUDA               {'built' if hb.cuda_built else 'not built'}",
         ]
+        if hb.cuda_arches:
+            sass = " ".join(f"sm_{cc}" for cc in hb.cuda_arches["sass"])
+            ptx = " ".join(f"compute_{cc}" for cc in hb.cuda_arches["ptx"])
+            lines.append(f"  CUDA kernels for   {sass}" + (f" (+ PTX {ptx})" if ptx else ""))
         if hb.frameworks.get("torch"):
             lines.append(f"  torch module       {hb.torch_cxx_standard or 'C++ standard unknown (unpatched build)'}")
         for name, err in hb.errors.items():

@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import struct
 import sys
+
+from hvdkit.core.cuda_arches import fatbin_arches
 
 # Frameworks Horovod can be built for, with the extension library each loads.
 EXTENSIONS = {
@@ -59,6 +62,16 @@ def probe() -> dict:
             break
         except Exception as exc:  # report, don't crash: this is a diagnostic tool
             result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+    if result.get("cuda_built"):
+        # Any framework's library carries the same kernels; the first one built answers.
+        built = [get_extension_full_path(os.path.join(root, EXTENSIONS[n][0].split(".")[1], "x.py"), EXTENSIONS[n][1])
+                 for n in ("torch", "tensorflow", "mxnet") if frameworks[n]]
+        try:
+            arches = fatbin_arches(built[0])
+            if arches is not None:
+                result["cuda_arches"] = {"sass": list(arches.sass), "ptx": list(arches.ptx)}
+        except (OSError, ValueError, struct.error) as exc:  # report, don't crash: this is a diagnostic tool
+            result.setdefault("errors", {})["cuda_arches"] = f"{type(exc).__name__}: {exc}"
     if frameworks["torch"]:
         try:
             result["torch_cxx_standard"] = _torch_cxx_standard()

@@ -45,3 +45,14 @@ def test_render_text_marks_flags_like_check_build():
     assert "[X] torch" in text and "[ ] mxnet" in text and "[X] gloo" in text
     assert "tensorflow  not installed" in text and "NCCL               not built" in text
     assert json.loads(json.dumps(report.to_dict()))["horovod"]["version"] == "0.28.1"
+
+
+def test_render_text_lists_the_gpu_generations_the_library_was_built_for():
+    build, _ = envreport.parse_probe(dict(PROBE_OK, cuda_built=True, nccl_version="2.30.7",
+                                          cuda_arches={"sass": [75, 80, 90, 100, 120], "ptx": [120]}))
+    report = envreport.EnvReport(
+        hvdkit="0.1.0", python="3.11.7", python_executable="/x/python", platform="Linux",
+        packages={"torch": "2.14.1"}, torch_cuda="13.0", horovod=build,
+        horovod_error=None, mpi="mpirun (Open MPI) 4.1.4", gpus=[])
+    assert "CUDA kernels for   sm_75 sm_80 sm_90 sm_100 sm_120 (+ PTX compute_120)" in envreport.render_text(report)
+    assert report.to_dict()["horovod"]["cuda_arches"]["sass"][0] == 75
