@@ -99,7 +99,8 @@ def test_jax_backend_fails_at_init_naming_the_supported_backends():
 @pytest.mark.parametrize("backend", MODES)
 def test_keras_example_trains_on_digits(backend):
     # 6 epochs (the default is 12) reach 97% on digits in half the time.
-    cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", backend, "--epochs", "6", "--json"])
+    cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", backend,
+                             "--epochs", "6", "--json"])
     start = time.time()
     proc = run_job(cmd, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
