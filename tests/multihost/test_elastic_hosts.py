@@ -111,7 +111,7 @@ def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, name):
 def test_host_removed_then_added_back(four_hosts, tmp_path):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text("".join(f"{h} slots=1\n" for h in HOSTS))
-    job = start(four_hosts, hosts_file, np=4, min_np=2, epochs=10)   # room for a shrink and a regrowth
+    job = start(four_hosts, hosts_file, np=4, min_np=2, epochs=12)   # room for a shrink and a regrowth
     try:
         job.wait_for(lambda c: c and c[-1].size == 4 and c[-1].step >= 20, 240, "20 steps on 4 hosts")
         hosts_file.write_text("".join(f"{h} slots=1\n" for h in HOSTS[:3]))
