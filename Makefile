@@ -48,10 +48,11 @@ test-multihost: $(STAMP)
 test-multiproc: $(STAMP)
 	$(BIN)/python -m pytest -m multiproc $(PYTEST_ARGS)
 
-# The GPU image without a GPU (root, about 20 min on 2 cores): a Docker engine started by hand,
+# The GPU image without a GPU (root, about 30 min on 2 cores): a Docker engine started by hand,
 # Dockerfile.gpu built unmodified on a Debian 12 stand-in for NVIDIA's base, the image checked
 # (this build is the run's one compile of Horovod with NCCL), the compose cpu cluster trained.
 test-image: $(STAMP)
+	bash scripts/install.sh --container-tools
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
 
 env: $(STAMP)

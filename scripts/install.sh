@@ -8,6 +8,7 @@
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
 #   scripts/install.sh --strip-build-tools # remove nvcc's wheels and cmake from a GPU venv after the build
+#   scripts/install.sh --container-tools  # Debian's docker.io and debootstrap for make test-image (root)
 #
 # What it does, in order, each step safe to rerun:
 #   1. checks prerequisites (Python, a C++17/C++20 compiler as torch needs, OpenMPI; GPU: CUDA, NCCL)
@@ -120,6 +121,7 @@ while [ $# -gt 0 ]; do
     --print-pins) print_pins; exit 0 ;;
     --no-project) NO_PROJECT=1 ;;
     --strip-build-tools) STRIP_BUILD_TOOLS=1 ;;
+    --container-tools) CONTAINER_TOOLS_ONLY=1 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -253,12 +255,22 @@ want_test_host_tools() {
   has sshd && has ip && has slurmctld && has sbatch && present=1
   want_test_tools tests/multihost "$TEST_HOSTS_APT_PACKAGES" "$present"
 }
-# The image tier's engine (Debian's own client, not a newer one on PATH) and debootstrap.
+# The image tier's engine (Debian's own client, not a newer one on PATH) and debootstrap,
+# installed only for that tier (make test-image runs --container-tools), and never over
+# another Docker: apt would replace Docker CE's containerd.io with Debian's.
 want_container_tools() {
   local present=0
   [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] && has debootstrap && present=1
+  if [ "$present" = 0 ] && { command -v dockerd >/dev/null 2>&1 || dpkg -s docker-ce containerd.io >/dev/null 2>&1; }; then
+    die "another Docker is installed (docker-ce or containerd.io): make test-image needs Debian's docker.io $DOCKER_ENGINE_VERSION; run it on a machine without Docker CE, or install docker.io there yourself"
+  fi
   want_test_tools "make test-image" "$CONTAINER_APT_PACKAGES" "$present"
 }
+if [ "${CONTAINER_TOOLS_ONLY:-0}" = 1 ]; then
+  want_container_tools
+  [ -x /usr/sbin/dockerd ] && has debootstrap || die "make test-image needs $CONTAINER_APT_PACKAGES: apt-get install $CONTAINER_APT_PACKAGES (as root)"
+  exit 0
+fi
 
 # GPU: a CUDA_HOME given must hold nvcc (without one, nvcc comes from NVIDIA's wheels later).
 # Its CUDA major is checked against the pin here, before anything is created, and
@@ -279,7 +291,7 @@ check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda_home
-if [ "$MODE" = cpu ]; then want_test_host_tools; want_container_tools; fi
+if [ "$MODE" = cpu ]; then want_test_host_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
 

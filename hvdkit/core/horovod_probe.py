@@ -70,7 +70,7 @@ def probe() -> dict:
             arches = fatbin_arches(built[0])
             if arches is not None:
                 result["cuda_arches"] = {"sass": list(arches.sass), "ptx": list(arches.ptx)}
-        except (OSError, ValueError, struct.error) as exc:  # report, don't crash: this is a diagnostic tool
+        except (OSError, ValueError, IndexError, struct.error) as exc:  # report, don't crash: this is a diagnostic tool
             result.setdefault("errors", {})["cuda_arches"] = f"{type(exc).__name__}: {exc}"
     if frameworks["torch"]:
         try:

@@ -70,7 +70,13 @@ def host_state() -> dict[str, str]:
     # The multi-host tier's test hosts (hvdk-*) come and go while this tier runs beside it in CI.
     links = " ".join(sorted(n for n in re.findall(r"^\d+: ([^:@]+)", out("ip", "-o", "link"), re.M)
                             if not n.startswith("hvdk-")))
-    return {"links": links, "iptables": out("iptables", "-S"),
+    if not os.access("/usr/sbin/iptables-save", os.X_OK):
+        raise EngineError("/usr/sbin/iptables-save not found: apt-get install iptables (the tier checks the "
+                          "firewall is unchanged)")
+    # Every table's rules, without the timestamp comments and the packet counters that traffic moves.
+    rules = "\n".join(re.sub(r"\[\d+:\d+\]", "", line) for line in out("/usr/sbin/iptables-save").splitlines()
+                      if not line.startswith("#"))
+    return {"links": links, "iptables": rules,
             "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()}
 
 
@@ -86,7 +92,11 @@ class Engine:
 
     # ---- lifecycle --------------------------------------------------------------
     def __enter__(self) -> Engine:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()          # a dockerd that never answered must not outlive the tier
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
