@@ -261,7 +261,8 @@ want_test_host_tools() {
 want_container_tools() {
   local present=0
   [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] && has debootstrap && present=1
-  if [ "$present" = 0 ] && { command -v dockerd >/dev/null 2>&1 || dpkg -s docker-ce containerd.io >/dev/null 2>&1; }; then
+  if [ "$present" = 0 ] && { dpkg -s docker-ce >/dev/null 2>&1 || dpkg -s containerd.io >/dev/null 2>&1 \
+       || { command -v dockerd >/dev/null 2>&1 && ! dpkg -s docker.io >/dev/null 2>&1; }; }; then
     die "another Docker is installed (docker-ce or containerd.io): make test-image needs Debian's docker.io $DOCKER_ENGINE_VERSION; run it on a machine without Docker CE, or install docker.io there yourself"
   fi
   want_test_tools "make test-image" "$CONTAINER_APT_PACKAGES" "$present"
