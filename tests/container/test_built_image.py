@@ -19,7 +19,7 @@ from tests.container.conftest import in_image
 # Whichever test runs first builds the image in its setup (about 25 min), so every test gets the build's limit.
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3300)]
 VENV = "/opt/hvdkit/venv"
-MAX_IMAGE_BYTES = 6.5e9          # the bound, on the stand-in base (NVIDIA's base adds about 0.1 GB)
+MAX_IMAGE_BYTES = 6.5e9          # the bound, on the stand-in base (NVIDIA's real base not measured here)
 
 
 def site(engine, image) -> str:
