@@ -157,3 +157,15 @@ def format_uuid(raw: bytes) -> str:
     """16 bytes as nvidia-smi prints a GPU's UUID: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
     h = raw.hex()
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def torch_gpu_uuids(torch) -> list[str | None]:
+    """The UUIDs of ``cuda:0..n-1`` as torch reports them (already filtered by CUDA_VISIBLE_DEVICES).
+
+    Takes the torch module so the core stays framework-free; both adapters' torch paths use it.
+
+    Example::
+
+        torch_gpu_uuids(torch)      # ['GPU-5a1f...'] under srun --gpus-per-task=1
+    """
+    return [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(torch.cuda.device_count())]

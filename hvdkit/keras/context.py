@@ -149,7 +149,7 @@ def _pin_torch(coll, local_rank: int, local_size: int, threads: int | None):
     import torch
 
     if torch.cuda.is_available():
-        uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(torch.cuda.device_count())]
+        uuids = cuda_driver.torch_gpu_uuids(torch)
         view = GPUView.here(coll.hvd.rank(), local_rank, local_size, uuids)
         gpu = pin_gpu(view, lambda v: coll.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         return gpu, torch.device("cuda", gpu)

@@ -57,7 +57,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if cuda:
         # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
-        uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(torch.cuda.device_count())]
+        uuids = cuda_driver.torch_gpu_uuids(torch)
         view = GPUView.here(hvd.rank(), local_rank, local_size, uuids)
         gpu = pin_gpu(view, lambda v: hvd.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         device = torch.device("cuda", gpu)
