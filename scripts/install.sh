@@ -125,7 +125,7 @@ while [ $# -gt 0 ]; do
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins or --patch-only DIR" ;;
+    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins, --patch-only DIR, --no-project, --strip-build-tools or --container-tools" ;;
   esac
   shift
 done
