@@ -83,3 +83,34 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
     check_continuous(job.commits, result["steps"])
     assert result["epochs"] == 4 and result["size"] == 1
+
+
+def test_a_removed_worker_that_exits_late_does_not_stop_its_successor(tmp_path):
+    """Shrink, then grow back onto the same slot while the removed worker is still exiting (it lingers 8 s).
+    Horovod's driver knows workers by (host, slot) only, so it took that late exit for the new worker's: the
+    job trained to the end, then stopped the new worker with SIGTERM and failed ("localhost[1] Exit code: 143").
+    This is the end-of-job race seen in CI; scripts/patches item 9 ignores the exit of a replaced worker."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    argv = [_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--network-interface", "lo",
+            sys.executable, str(ROOT / "tests" / "linger_when_removed.py"), "8",
+            str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", str(EPOCHS), "--json"]
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    try:
+        job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 10, 180, "10 steps on 2 processes")
+        hosts.write_text("localhost slots=1\n")
+        job.wait_for(lambda c: c[-1].size == 1, 180, "shrinking to 1")
+        hosts.write_text("localhost slots=2\n")
+        job.wait_for(lambda c: c[-1].size == 2 and any(x.size == 1 for x in c), 180, "growing back to 2")
+        assert job.finish(timeout=300) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    out = job.output
+    # The race was really run: the removed worker exited after its slot had a new worker, before the job ended.
+    regrown = max(i for i, line in enumerate(job.lines) if "size 1" in line) + 1
+    exited = next(i for i, line in enumerate(job.lines) if "removed worker exits now" in line)
+    assert regrown < exited < len(job.lines) - 5, out[-4000:]
+    assert "Exit code" not in out and "Terminated" not in out
+    result = json.loads(re.search(r'(\{"test_accuracy".*\})', out).group(1))
+    assert result["size"] == 2 and result["epochs"] == EPOCHS
