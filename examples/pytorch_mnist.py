@@ -114,7 +114,8 @@ def main():
 
     if ctx.is_main:  # hvdkit:
         log.info(f"{args.dataset}: {len(train_set)} train / {len(test_set)} test samples, "
-                 f"{ctx.size} processes x batch {args.batch_size}, lr {hk.scale_lr(args.lr):g}")
+                 f"{ctx.size} processes on {ctx.cross_size} host(s) x batch {args.batch_size}, "
+                 f"lr {hk.scale_lr(args.lr):g}")
     start = time.time()
     metrics = hk.evaluate(model, test_loader) if start_epoch >= args.epochs else None  # resumed a finished run
     for epoch in range(start_epoch, args.epochs):

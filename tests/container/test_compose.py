@@ -42,7 +42,7 @@ def test_the_cpu_cluster_trains_across_two_containers_and_comes_down_clean(engin
         run = engine.docker(*compose, "run", "--rm", "cpu-launcher", cwd=ROOT, check=False, timeout=800)
         out = (run.stdout or "") + (run.stderr or "")
         assert run.returncode == 0, out[-4000:]
-        assert re.search(r"\b4 processes x batch", out), out[-3000:]
+        assert re.search(r"\b4 processes on 2 host\(s\) x batch", out), out[-3000:]   # 2 + 2, one per container
         final = re.search(r"final test accuracy ([0-9.]+)%", out)
         assert final and float(final.group(1)) / 100 >= TARGET_ACCURACY, out[-3000:]
         engine.timings["compose_accuracy"] = float(final.group(1))
