@@ -18,7 +18,7 @@ from tests.conftest import ROOT, _tool, job_env
 from tests.elastic_job import ElasticJob, check_continuous
 
 pytestmark = pytest.mark.multiproc
-EPOCHS = 12   # about 260 steps: 20 on 2, 20 on 1 and the regrowth take under 100
+EPOCHS = 8   # about 400 steps at size 2; 20 on 2, 20 on 1 and the regrowth take under 100
 
 
 @pytest.mark.parametrize("launcher, example, extra", [
