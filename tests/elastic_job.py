@@ -89,6 +89,12 @@ class ElasticJob:
             pass
 
 
+def size_changes(commits: list[Commit]) -> list[int]:
+    """The world sizes over the run, each change once: [4, 3] for a job that lost a worker."""
+    sizes = [c.size for c in commits]
+    return [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
+
+
 def check_continuous(commits: list[Commit], total_steps: int) -> None:
     """Committed steps never go back and never skip: +1 per commit, or +0 when only the epoch moved on."""
     assert commits, "no commits logged"

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import BIN, ROOT, job_env
-from tests.elastic_job import ElasticJob, check_continuous
+from tests.elastic_job import ElasticJob, check_continuous, size_changes
 from tests.multihost.testhosts import PORT, TestHosts
 
 pytestmark = pytest.mark.multihost
@@ -70,11 +70,6 @@ def worker_on(host: str, script: str) -> psutil.Process:
     pytest.fail(f"no training process found on {host}")
 
 
-def sizes_over(job: ElasticJob) -> list[int]:
-    sizes = [c.size for c in job.commits]
-    return [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
-
-
 def reference(name: str) -> dict:
     """The same training in one process, no faults: the accuracy to match."""
     from tests.conftest import run_job
@@ -98,7 +93,7 @@ def test_sigkill_of_one_worker_continues_on_three(four_hosts, tmp_path, name):
         assert job.finish(timeout=400) == 0, job.output[-4000:]
     finally:
         job.kill()
-    assert sizes_over(job) == [4, 3]
+    assert size_changes(job.commits) == [4, 3]
     result = result_of(job)
     check_continuous(job.commits, result["steps"])
     assert result["epochs"] == EPOCHS and result["size"] == 3
@@ -121,7 +116,7 @@ def test_host_removed_then_added_back(four_hosts, tmp_path):
         assert job.finish(timeout=400) == 0, job.output[-4000:]
     finally:
         job.kill()
-    assert sizes_over(job) == [4, 3, 4]
+    assert size_changes(job.commits) == [4, 3, 4]
     result = result_of(job)
     check_continuous(job.commits, result["steps"])   # never restarted from scratch
     assert job.commits[0].step == 1 and result["size"] == 4

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, _tool, job_env
-from tests.elastic_job import ElasticJob, check_continuous
+from tests.elastic_job import ElasticJob, check_continuous, size_changes
 
 pytestmark = pytest.mark.multiproc
 EPOCHS = 8   # about 400 steps at size 2; 20 on 2, 20 on 1 and the regrowth take under 100
@@ -48,9 +48,7 @@ def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, 
         assert job.finish(timeout=300) == 0, job.output[-4000:]
     finally:
         job.kill()
-    sizes = [c.size for c in job.commits]
-    changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
-    assert changes == [2, 1, 2], f"world sizes over the run: {changes}"
+    assert size_changes(job.commits) == [2, 1, 2], f"world sizes over the run: {size_changes(job.commits)}"
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
     check_continuous(job.commits, result["steps"])
     assert result["epochs"] == EPOCHS and result["size"] == 2
@@ -111,7 +109,7 @@ def test_a_removed_worker_that_exits_late_does_not_stop_its_successor(tmp_path):
     assert "removed worker exits now, after its successor started" in out, out[-4000:]
     assert "ignoring exit of a worker removed from the job: localhost[1] exit code 1" in out, out[-4000:]
     assert "Exit code" not in out and "Terminated" not in out
-    sizes = [c.size for c in job.commits]
-    assert [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]] == [2, 1, 2]
+    assert size_changes(job.commits) == [2, 1, 2]
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', out).group(1))
+    check_continuous(job.commits, result["steps"])
     assert result["size"] == 2 and result["epochs"] == EPOCHS
