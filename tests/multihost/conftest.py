@@ -9,8 +9,9 @@ from tests.multihost.testhosts import TestHosts
 def one_thread_per_rank(monkeypatch):
     """The test hosts share this machine's cores, but each sees all of them and would give its one rank
     every core (hvdkit's rule: a host's cores over its local ranks), so 4 hosts on 2 cores ran 8 busy
-    threads. One intra-op thread per rank is each host's real share; launchers pass it to every rank.
-    (Alone, the SIGKILL test went from 132 s to 85 s; no test here checks the thread rule, the unit tier does.)"""
+    threads. One intra-op thread per rank is each host's real share. horovodrun carries the variable to its
+    ranks over ssh (measured: the SIGKILL test alone went from 132 s to 85 s); for srun it travels with Slurm's
+    default --export=ALL, not checked separately. No test here checks the thread rule; the unit tier does."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
