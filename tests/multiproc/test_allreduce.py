@@ -33,3 +33,17 @@ def test_single_node_hostfile_launches_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     results = read_rank_results(tmp_path, 2, proc.stdout)
     assert [r["size"] for r in results] == [2, 2] and all(r["avg_ok"] for r in results)
+
+
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_a_waiting_rank_spins_unless_told_to_block(launch, monkeypatch, blocking):
+    """Patch item 11: with HOROVOD_BLOCKING_WAIT=1 a rank waiting in a collective sleeps instead of spinning
+    (the test suite runs with it: its jobs have more ranks than the 2 cores); Horovod's spin stays the default."""
+    monkeypatch.setenv("HOROVOD_BLOCKING_WAIT", blocking)
+    rank0, rank1 = launch(2, "torch_wait.py", "--late", "2")
+    assert rank0["size"] == rank1["size"] == 2 and rank0["total"] == [2.0] * 4
+    assert rank0["wait_s"] > 1.5, rank0
+    if blocking == "1":
+        assert rank0["cpu_s"] < 0.1 * rank0["wait_s"], rank0     # asleep (0.001 s measured); spinning took 0.7 to 0.97
+    else:
+        assert rank0["cpu_s"] > 0.25 * rank0["wait_s"], rank0    # Horovod's spin (sched_yield) is kept
