@@ -17,7 +17,9 @@ def one_thread_per_rank(monkeypatch):
 
 def require_root():
     if os.geteuid() != 0:
-        pytest.skip("test hosts need root (ip netns, sshd, /etc/hosts); run the multi-host tier as root")
+        # Fail, never skip: a tier that cannot run is a missing stack, not an optional feature.
+        pytest.fail("test hosts need root (ip netns, sshd, /etc/hosts): run the multi-host tier as root, "
+                    "or leave it out with -m 'not multihost'")
 
 
 @pytest.fixture(scope="module")
