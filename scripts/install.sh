@@ -376,7 +376,7 @@ for r in m.requires("torch") or []:
 if [ "$MODE" = gpu ]; then gpu_toolchain; fi
 
 # ---- 4. Horovod: cached wheel, or patched source build --------------------------
-# HOROVOD_WITHOUT_DEBUG_INFO (patch item 10): no -g, a third less compile time; set it to 0 to keep line tables.
+# HOROVOD_WITHOUT_DEBUG_INFO (patch item 10): no -g, a quarter less compile time; set it to 0 to keep line tables.
 HOROVOD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1
                "HOROVOD_WITHOUT_DEBUG_INFO=${HOROVOD_WITHOUT_DEBUG_INFO:-1}")
 if [ "$MODE" = cpu ]; then

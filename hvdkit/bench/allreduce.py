@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 TUNING_KEYS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY",
-               "OMPI_MCA_mpi_yield_when_idle")
+               "OMPI_MCA_mpi_yield_when_idle", "HOROVOD_BLOCKING_WAIT")
 
 if __name__ == "__main__":
     main()

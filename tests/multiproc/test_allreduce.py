@@ -35,15 +35,20 @@ def test_single_node_hostfile_launches_two_ranks(tmp_path):
     assert [r["size"] for r in results] == [2, 2] and all(r["avg_ok"] for r in results)
 
 
-@pytest.mark.parametrize("blocking", ["0", "1"])
+@pytest.mark.parametrize("blocking", [None, "1"], ids=["default", "blocking"])
 def test_a_waiting_rank_spins_unless_told_to_block(launch, monkeypatch, blocking):
     """Patch item 11: with HOROVOD_BLOCKING_WAIT=1 a rank waiting in a collective sleeps instead of spinning
     (the test suite runs with it: its jobs have more ranks than the 2 cores); Horovod's spin stays the default."""
-    monkeypatch.setenv("HOROVOD_BLOCKING_WAIT", blocking)
+    if blocking is None:
+        monkeypatch.delenv("HOROVOD_BLOCKING_WAIT", raising=False)    # tests/conftest.py sets it
+    else:
+        monkeypatch.setenv("HOROVOD_BLOCKING_WAIT", blocking)
     rank0, rank1 = launch(2, "torch_wait.py", "--late", "2")
     assert rank0["size"] == rank1["size"] == 2 and rank0["total"] == [2.0] * 4
     assert rank0["wait_s"] > 1.5, rank0
-    if blocking == "1":
-        assert rank0["cpu_s"] < 0.1 * rank0["wait_s"], rank0     # asleep (0.001 s measured); spinning took 0.7 to 0.97
+    # Measured: 0.001 s of CPU in a 2 s wait when blocking; spinning took 0.97 of it on a quiet machine and
+    # 0.71 beside a busy process. The bounds leave wide room for a loaded CI machine either way.
+    if blocking:
+        assert rank0["cpu_s"] < 0.05 * rank0["wait_s"], rank0
     else:
-        assert rank0["cpu_s"] > 0.25 * rank0["wait_s"], rank0    # Horovod's spin (sched_yield) is kept
+        assert rank0["cpu_s"] > 0.15 * rank0["wait_s"], rank0
