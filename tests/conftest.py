@@ -107,10 +107,27 @@ def horovodrun_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[s
     return [_tool("horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, *argv]
 
 
+def hvdkit_cmd(*args: str) -> list[str]:
+    """`hvdkit ARGS` as an argv: the console command installed next to this interpreter, as users run it.
+
+    For a runner of its own (run_job, signal_job, a test host's run_on); run_hvdkit runs it here.
+    """
+    return [_tool("hvdkit"), *args]
+
+
+def run_hvdkit(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `hvdkit ARGS` from the repository root with job_env() (or ``env``); stdout and stderr captured apart.
+
+    run_hvdkit("hosts", "-H", "a:2", timeout=60).stdout
+    """
+    return subprocess.run(hvdkit_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env=env or job_env(), cwd=ROOT)
+
+
 def hvdkit_launch_cmd(np: int, argv: list[str], controller: str = "gloo") -> list[str]:
     """`hvdkit launch -np N -H localhost:N --gloo|--mpi -- python ...` on this interpreter."""
-    return [_tool("hvdkit"), "launch", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", "--",
-            sys.executable, *argv]
+    return hvdkit_cmd("launch", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", "--",
+                      sys.executable, *argv)
 
 
 def mpirun_cmd(np: int, argv: list[str]) -> list[str]:

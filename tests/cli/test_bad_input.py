@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env
+from tests.conftest import ROOT, job_env, run_hvdkit
 
 pytestmark = pytest.mark.cli
 EXAMPLE = str(ROOT / "examples" / "pytorch_mnist.py")
@@ -119,8 +119,11 @@ def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     env = job_env(**dict(a.split("=", 1) for a in argv if a.startswith("HOROVOD_")))   # leading VAR=value
     argv = [a for a in argv if not a.startswith("HOROVOD_")]
-    argv = [str(BIN / "hvdkit") if a == "hvdkit" else sys.executable if a == "python" else a for a in argv]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    argv = [sys.executable if a == "python" else a for a in argv]
+    if argv[0] == "hvdkit":
+        proc = run_hvdkit(*argv[1:], timeout=120, env=env)
+    else:   # an example script, run directly
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
@@ -133,6 +136,5 @@ def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
 def test_a_hostfile_saved_with_a_byte_order_mark_reads_as_written(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_bytes("\ufeffserver1 slots=2\n".encode())
-    proc = subprocess.run([str(BIN / "hvdkit"), "hosts", "--hostfile", str(hostfile)], capture_output=True,
-                          text=True, timeout=60, env=job_env(), cwd=ROOT)
+    proc = run_hvdkit("hosts", "--hostfile", str(hostfile), timeout=60)
     assert proc.returncode == 0 and "horovodrun -np 2 -H server1:2" in proc.stdout, proc.stderr

@@ -1,18 +1,12 @@
 """`hvdkit bench` and `hvdkit plan` end to end: real launches of every implementation, small sizes."""
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env
+from tests.conftest import run_hvdkit
 
 pytestmark = pytest.mark.cli
-
-
-def hvdkit(*args, timeout=600):
-    return subprocess.run([str(BIN / "hvdkit"), *args], capture_output=True, text=True, timeout=timeout,
-                          env=job_env(), cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +15,13 @@ def bench_dir(tmp_path_factory):
     # sizes 256x apart: on a busy 2-core CI machine 64K and 4M both took about one
     # cycle time (then 2 ms) once, so the calibration below saw no growth with size;
     # 16M takes about 10 ms. Two sizes and two repeats: 72 s instead of 88 s alone.
-    proc = hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,16M", "--repeats", "2", "--rounds", "1",
-                  "--out", str(out))
+    proc = run_hvdkit("bench", "allreduce", "-np", "2", "--sizes", "64K,16M", "--repeats", "2", "--rounds", "1",
+                      "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     for header in ("hvdkit/mpi4py", "hvdkit/mpi4py-avg", "ResNet-50 gradients"):
         assert header in proc.stdout
-    proc = hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "8", "--warmup", "2",
-                  "--repeats", "1", "--out", str(out))
+    proc = run_hvdkit("bench", "train", "-np", "2", "--models", "mnist", "--steps", "8", "--warmup", "2",
+                      "--repeats", "1", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     return out
 
@@ -58,8 +52,8 @@ def test_train_bench_splits_the_step_for_three_implementations(bench_dir):
 
 
 def test_plan_calibrates_on_bench_output(bench_dir, tmp_path):
-    proc = hvdkit("plan", "--calibrate", str(bench_dir), "--model", "mnist", "--gpus", "2,16,512", "--json",
-                  "--plot", str(tmp_path / "plan.png"))
+    proc = run_hvdkit("plan", "--calibrate", str(bench_dir), "--model", "mnist", "--gpus", "2,16,512", "--json",
+                      "--plot", str(tmp_path / "plan.png"), timeout=600)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["assumptions"]["bandwidth_GBps"] > 0 and plan["check"]["np"] == 2
@@ -79,6 +73,6 @@ def test_plan_calibrates_on_bench_output(bench_dir, tmp_path):
     (["plan", "--gpus", "0"], "worker counts of 1 or more"),
 ])
 def test_bad_bench_and_plan_input_is_one_line(args, message):
-    proc = hvdkit(*args, timeout=120)
+    proc = run_hvdkit(*args, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

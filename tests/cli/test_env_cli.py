@@ -1,17 +1,16 @@
 """`hvdkit env` as users run it: the installed console command."""
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import BIN
+from tests.conftest import run_hvdkit
 
 pytestmark = pytest.mark.cli
 
 
 def test_env_json_reports_frameworks_and_horovod_build():
-    proc = subprocess.run([str(BIN / "hvdkit"), "env", "--json"], capture_output=True, text=True, timeout=180)
+    proc = run_hvdkit("env", "--json", timeout=180)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     for name in ("torch", "tensorflow", "keras", "horovod"):
@@ -31,12 +30,12 @@ def test_env_json_reports_frameworks_and_horovod_build():
 
 
 def test_env_text_looks_like_check_build():
-    proc = subprocess.run([str(BIN / "hvdkit"), "env"], capture_output=True, text=True, timeout=180)
+    proc = run_hvdkit("env", timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "[X] torch" in proc.stdout and "[X] gloo" in proc.stdout
     assert "torch module       C++" in proc.stdout
 
 
 def test_no_subcommand_prints_help_and_fails():
-    proc = subprocess.run([str(BIN / "hvdkit")], capture_output=True, text=True, timeout=60)
+    proc = run_hvdkit(timeout=60)
     assert proc.returncode == 2 and "env" in proc.stdout

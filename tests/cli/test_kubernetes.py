@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT
+from tests.conftest import ROOT, run_hvdkit
 
 pytestmark = pytest.mark.cli
 CRD = ROOT / "tests" / "data" / "kubeflow.org_mpijobs.v0.8.2.yaml"
@@ -112,9 +112,9 @@ def test_the_images_ssh_config_covers_the_operators_worker_names(path):
 
 
 def run_dry(args: list[str], replace: dict[str, str]) -> subprocess.CompletedProcess:
-    argv = [str(BIN / "hvdkit"), *[replace.get(a, a) for a in args[1:]]]
+    argv = [replace.get(a, a) for a in args[1:]]
     argv.insert(argv.index("--"), "--dry-run")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    return run_hvdkit(*argv, timeout=120)
 
 
 def test_static_job_launches_on_the_operators_hostfile(tmp_path):

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env
+from tests.conftest import ROOT, run_hvdkit
 
 pytestmark = pytest.mark.cli
 
@@ -13,9 +13,8 @@ def dry_run(tmp_path, lines: str, *extra: str) -> subprocess.CompletedProcess:
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\nprintf '{lines}'\n")
     script.chmod(0o755)
-    argv = [str(BIN / "hvdkit"), "launch", "-np", "2", "--host-discovery-script", str(script), *extra, "--dry-run",
-            "--", "python", str(ROOT / "examples" / "pytorch_elastic.py")]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=job_env(), cwd=ROOT)
+    return run_hvdkit("launch", "-np", "2", "--host-discovery-script", str(script), *extra, "--dry-run",
+                      "--", "python", str(ROOT / "examples" / "pytorch_elastic.py"), timeout=120)
 
 
 def test_elastic_dry_run_on_this_machine_names_the_loopback(tmp_path):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env
+from tests.conftest import ROOT, hvdkit_cmd, job_env
 from tests.multihost.test_multihost import HOSTS, doctor, failed
 from tests.multihost.testhosts import PORT, HostOptions
 
@@ -52,8 +52,8 @@ def test_launch_refuses_a_host_without_this_hvdkit_and_starts_nothing(make_clust
         script.write_text("#!/bin/sh\n" + "".join(f"echo {item}\n" for item in HOSTS.split(",")))
         script.chmod(0o755)
         hosts = ["--host-discovery-script", str(script)]
-    argv = [str(BIN / "hvdkit"), "launch", "-np", "4", *hosts, "-p", str(PORT), "--",
-            sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    argv = hvdkit_cmd("launch", "-np", "4", *hosts, "-p", str(PORT), "--",
+                      sys.executable, "-c", f"open({str(marker)!r}, 'w')")
     start = time.time()
     proc = cluster.run_on("hosta", argv, timeout=60, env=job_env())
     assert proc.returncode == 2 and time.time() - start < 30, proc.stdout[-2000:]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import BIN, ROOT, job_env
+from tests.conftest import ROOT, hvdkit_cmd, job_env
 from tests.multihost.conftest import require_root
 from tests.multihost.operator_pods import OperatorPods
 
@@ -52,7 +52,7 @@ def test_static_mpijob_launcher_runs_across_two_workers(pods):
     args[args.index("-np") + 1] = "2"
     args[args.index("--hostfile") + 1] = str(hostfile)
     assert args[0] == "hvdkit" and "--mpi" in args
-    argv = [str(BIN / "hvdkit"), *args[1:], "--", sys.executable, str(WORKER)]
+    argv = hvdkit_cmd(*args[1:], "--", sys.executable, str(WORKER))
     proc = pods.run_on(pods.launcher, argv, timeout=180, env=launcher_env(pods))
     assert proc.returncode == 0, proc.stdout[-3000:] + pods.sshd_logs()
     result = json.loads(re.search(r'(\{"size".*\})', proc.stdout).group(1))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env, run_job
+from tests.conftest import BIN, ROOT, hvdkit_cmd, job_env, run_job
 from tests.multihost.testhosts import PORT
 
 pytestmark = pytest.mark.multihost
@@ -51,8 +51,8 @@ def test_example_across_two_hosts_with_plain_horovodrun(cluster, single_host_res
 
 @pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
 def test_example_across_two_hosts_with_hvdkit_launch(cluster, single_host_result, controller):
-    argv = [str(BIN / "hvdkit"), "launch", "-np", "4", "-H", HOSTS, "-p", str(PORT), controller,
-            "--network-interface", "eth0", "--", *EXAMPLE]
+    argv = hvdkit_cmd("launch", "-np", "4", "-H", HOSTS, "-p", str(PORT), controller,
+                      "--network-interface", "eth0", "--", *EXAMPLE)
     proc = cluster.run_on("hosta", argv, timeout=300, env=job_env(**DETERMINISTIC))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"hvdkit launch: {BIN / 'horovodrun'} -np 4 -H {HOSTS} {controller} -p {PORT}" in proc.stdout
@@ -64,7 +64,7 @@ def test_example_across_two_hosts_with_hvdkit_launch(cluster, single_host_result
 
 def doctor(cluster, *args, timeout=60):
     start = time.time()
-    proc = cluster.run_on("hosta", [str(BIN / "hvdkit"), "doctor", "--json", *args], timeout=timeout, env=job_env())
+    proc = cluster.run_on("hosta", hvdkit_cmd("doctor", "--json", *args), timeout=timeout, env=job_env())
     elapsed = time.time() - start
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     return proc.returncode, report, elapsed

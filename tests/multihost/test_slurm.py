@@ -9,13 +9,14 @@ it, is checked with torch.cuda faked from CUDA_VISIBLE_DEVICES (workers/slurm_gp
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import BIN, ROOT, job_env, run_job
+from tests.conftest import BIN, ROOT, hvdkit_cmd, job_env, run_job
 from tests.multihost.conftest import require_root
 from tests.multihost.slurm_cluster import SlurmHosts
 from tests.multihost.test_multihost import DETERMINISTIC, result_of
@@ -63,7 +64,8 @@ def test_srun_direct_launch_on_two_hosts(slurm, one_host_mpi):
 
 
 def test_hvdkit_launch_inside_the_allocation(slurm, one_host_mpi):
-    text = run_batch(slurm, f"{BIN / 'hvdkit'} launch -p {PORT} --network-interface eth0 --mpi -- {EXAMPLE}")
+    launch = shlex.join(hvdkit_cmd("launch", "-p", str(PORT), "--network-interface", "eth0", "--mpi"))
+    text = run_batch(slurm, f"{launch} -- {EXAMPLE}")
     assert f"-np 4 -H hosta:2,hostb:2 --mpi -p {PORT}" in text, text[-3000:]
     result = result_of(text)
     assert result["size"] == 4 and result["hosts"] == 2
@@ -90,7 +92,7 @@ def stand_in_venv(tmp_path):
         f'#!/bin/sh\ncase "$1" in\n  *examples/pytorch_mnist.py) exec {sys.executable} {GPU_TASK} "$@";;\nesac\n'
         f'exec {sys.executable} "$@"\n')
     (bin_dir / "python").chmod(0o755)
-    (bin_dir / "hvdkit").symlink_to(BIN / "hvdkit")
+    (bin_dir / "hvdkit").symlink_to(hvdkit_cmd()[0])
     return bin_dir.parent
 
 

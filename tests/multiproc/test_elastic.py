@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, _tool, job_env
+from tests.conftest import ROOT, _tool, hvdkit_cmd, job_env
 from tests.elastic_job import ElasticJob, check_continuous, size_changes
 
 pytestmark = pytest.mark.multiproc
@@ -34,7 +34,7 @@ def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, 
     elastic = ["-np", "2", "--min-np", "1", "--max-np", "2",
                "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh")]
     if launcher == "hvdkit":
-        argv = [_tool("hvdkit"), "launch", *elastic, "--"]
+        argv = hvdkit_cmd("launch", *elastic, "--")
     else:
         argv = [_tool("horovodrun"), *elastic, "--network-interface", "lo"]
     argv += [sys.executable, str(ROOT / "examples" / example), *extra, "--epochs", str(EPOCHS), "--json"]
@@ -63,9 +63,9 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
     one killed worker stops the whole job: 'blacklisted slots count == 2 -> stop running')."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    argv = [_tool("hvdkit"), "launch", "-np", "2", "--min-np", "1", "--max-np", "2",
-            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-            sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json"]
+    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json")
     job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 8, 180, "8 steps on 2 processes")
