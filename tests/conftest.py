@@ -138,7 +138,7 @@ def mpirun_cmd(np: int, argv: list[str]) -> list[str]:
 
 
 def read_rank_results(out_dir: Path, np: int, output: str) -> list[dict]:
-    """Each worker writes rank<R>.json; return them ordered by rank, failing if any is missing."""
+    """Each worker writes rank<R>.json (workers/rank_results.py); return them by rank, failing if one is missing."""
     results = []
     for rank in range(np):
         path = out_dir / f"rank{rank}.json"

@@ -10,7 +10,6 @@ Slurm set, what hvdkit pinned (or the error), the argv the batch script passed,
 and the step's TRES per task as slurmctld recorded it.
 """
 
-import json
 import os
 import socket
 import subprocess
@@ -18,6 +17,8 @@ import sys
 from types import SimpleNamespace
 
 import torch
+
+from tests.multiproc.workers.rank_results import write_result  # PYTHONPATH has the checkout (job_env)
 
 host = socket.gethostname()
 visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
@@ -47,5 +48,4 @@ if os.environ.get("SLURM_STEP_ID"):    # a task srun started: how slurmctld reco
     step = subprocess.run(["scontrol", "show", "step", f"{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"],
                           capture_output=True, text=True, timeout=30).stdout
     result["step"] = dict(field.split("=", 1) for field in step.split() if "=" in field)
-with open(os.path.join(os.environ["SLURM_GPU_TASK_OUT"], f"rank{result['rank']}.json"), "w") as f:
-    json.dump(result, f)
+write_result(os.environ["SLURM_GPU_TASK_OUT"], result["rank"], result)

@@ -1,10 +1,10 @@
 """Worker: init Horovod in one framework, run allreduce/broadcast/allgather, write rank<R>.json."""
 
 import argparse
-import json
 import os
 
 import numpy as np
+from rank_results import write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--framework", choices=["torch", "tensorflow"], required=True)
@@ -47,5 +47,4 @@ result = {
     "gathered": gathered.tolist(),
     "pid": os.getpid(),
 }
-with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, hvd.rank(), result)

@@ -8,7 +8,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from torch_common import write_result  # noqa: E402
+from rank_results import write_result  # noqa: E402
 
 import hvdkit.torch as hk  # noqa: E402
 

@@ -17,9 +17,10 @@ Writes rank<R>.json with the device string and what was pinned, or the error.
 """
 
 import argparse
-import json
 import os
 from types import SimpleNamespace
+
+from rank_results import write_result
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -107,5 +108,4 @@ try:
     result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
 except RuntimeError as exc:
     result = {"error": str(exc), "calls": calls}
-with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, rank, result)

@@ -9,21 +9,22 @@
 """
 
 import argparse
-import json
-import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+from hvdkit.keras.backend import use_backend
 
 p = argparse.ArgumentParser()
 p.add_argument("--task", choices=["local_source", "warmup_callback"], required=True)
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
+keras = use_backend(args.mode)   # before horovod.tensorflow, whose SyncBatchNormalization imports tf.keras
 
 import horovod.tensorflow as hvd  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 hvd.init()
-keras = keras_for(args.mode)
 result = {"size": hvd.size(), "keras": keras.__version__}
 
 
@@ -77,5 +78,4 @@ def warmup_callback():
 
 
 {"local_source": local_source, "warmup_callback": warmup_callback}[args.task]()
-with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, hvd.rank(), result)

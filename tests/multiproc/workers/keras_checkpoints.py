@@ -2,23 +2,22 @@
 that the test kills mid-write (--task slow_save loops until killed)."""
 
 import argparse
-import json
 import logging
 import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--task", choices=["save_dir", "load_dir", "slow_save"], required=True)
 p.add_argument("--ckpt", help="slow_save: the checkpoint file")
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
 
-import numpy as np  # noqa: E402
-
-import hvdkit.keras as hk  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(threads=1)
-keras = keras_for(args.mode)
 ckpt_dir = os.path.join(args.out, "ckpts") + os.sep
 
 
@@ -59,5 +58,4 @@ else:
     big = build(4096, layers=8)                     # ~0.5 GB of float32: the save takes a while
     while True:                                     # until killed
         hk.save_checkpoint(args.ckpt, big, epoch=8)
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, ctx.rank, result)

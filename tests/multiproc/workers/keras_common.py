@@ -1,24 +1,18 @@
-"""Shared start of the Keras test workers: pick the backend before Keras is imported."""
+"""Shared start of the Keras test workers: the --out and --mode arguments.
+
+The worker then selects --mode's Keras as a training script does, before
+``hk.init`` (which reads the backend)::
+
+    args = parse_args(p)
+    import hvdkit.keras as hk
+    keras = hk.use_backend(args.mode)
+"""
 
 import argparse
-import os
 
 
-def parse_args_and_select_backend(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Adds --out and --mode, parses, and sets KERAS_BACKEND / TF_USE_LEGACY_KERAS for --mode."""
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Adds --out and --mode (a Keras mode: tensorflow, torch or tf_keras) to ``parser`` and parses."""
     parser.add_argument("--out", required=True)
     parser.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
-    args = parser.parse_args()
-    if args.mode == "tf_keras":
-        os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    else:
-        os.environ["KERAS_BACKEND"] = args.mode
-    return args
-
-
-def keras_for(mode: str):
-    if mode == "tf_keras":
-        import tf_keras as keras
-    else:
-        import keras
-    return keras
+    return parser.parse_args()

@@ -1,19 +1,17 @@
 """Worker: ElasticState.shard and its commit callback at an epoch's end (what a reset can resume into)."""
 
 import argparse
-import json
-import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
 
-args = parse_args_and_select_backend(argparse.ArgumentParser())
+import hvdkit.keras as hk
 
-import numpy as np  # noqa: E402
+args = parse_args(argparse.ArgumentParser())
 
-import hvdkit.keras as hk  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(threads=1)
-keras = keras_for(args.mode)
 N, BATCH = 37, 8
 x = np.zeros((N, 4), "float32")
 x[:, 0] = np.arange(N)                                  # column 0 names the sample
@@ -52,5 +50,4 @@ except ValueError as exc:
     result["exhausted"] = str(exc)
 state.epoch_done()
 result["after_full_epoch"] = list(commits)
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, ctx.rank, result)

@@ -6,23 +6,21 @@ prove the broadcast; rank 0's reference starts from rank 0's initial weights.
 
 import argparse
 import hashlib
-import json
-import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--loop", choices=["fit", "custom"], default="fit")
 p.add_argument("--unsharded", action="store_true", help="give every rank the same data (expect a warning)")
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
 
-import numpy as np  # noqa: E402
-
-import hvdkit.keras as hk  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(threads=1)
-keras = keras_for(args.mode)
 # float64, so that 1e-5 measures the algorithm rather than float32 roundoff.
 (keras.backend.set_floatx if args.mode == "tf_keras" else keras.config.set_floatx)("float64")
 
@@ -106,5 +104,4 @@ if ctx.rank == 0:
                   shuffle=False, verbose=0)
     result["max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), reference.get_weights()))
     result["change"] = max(float(np.abs(a - b).max()) for a, b in zip(model.get_weights(), initial))
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, ctx.rank, result)

@@ -1,21 +1,20 @@
 """Worker: hvdkit.keras mixed precision training, and checkpoint save/load across fresh processes."""
 
 import argparse
-import json
 import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--task", choices=["mixed_precision", "save", "load", "warmup_metrics"], required=True)
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
 
-import numpy as np  # noqa: E402
-
-import hvdkit.keras as hk  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(threads=1)
-keras = keras_for(args.mode)
 if args.task == "mixed_precision":
     keras.mixed_precision.set_global_policy("mixed_float16")
 
@@ -68,5 +67,4 @@ result["weights"] = weights
 v = opt.variables
 result["optimizer"] = [np.asarray(t.numpy() if hasattr(t, "numpy") else t.value.cpu().numpy()).tolist()
                        for t in (v() if callable(v) else v)]
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, ctx.rank, result)

@@ -2,23 +2,22 @@
 at the same batch end with a checkpoint. --check-resume loads that checkpoint instead of training."""
 
 import argparse
-import json
 import os
 import time
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--ckpt", required=True)
 p.add_argument("--check-resume", action="store_true")
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
 
-import numpy as np  # noqa: E402
-
-import hvdkit.keras as hk  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(seed=1, threads=1)
-keras = keras_for(args.mode)
 with open(os.path.join(args.out, f"pid{ctx.rank}"), "w") as f:
     f.write(str(os.getpid()))
 rng = np.random.default_rng(0)
@@ -28,8 +27,7 @@ model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), los
 
 if args.check_resume:
     extra = hk.load_checkpoint(args.ckpt, model, model.optimizer)
-    with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-        json.dump({"size": ctx.size, "epoch": extra["epoch"], "batch": extra["batch"]}, f)
+    write_result(args.out, ctx.rank, {"size": ctx.size, "epoch": extra["epoch"], "batch": extra["batch"]})
     raise SystemExit(0)
 
 
@@ -46,6 +44,6 @@ try:
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=cbs)
 except SystemExit:
     guard = next(cb for cb in cbs if type(cb).__name__ == "PreemptionCheckpoint")
-    with open(os.path.join(args.out, f"preempted{ctx.rank}.json"), "w") as f:
-        json.dump({"stopped_at": list(guard.stopped_at), "signal": guard.guard.received}, f)
+    write_result(args.out, ctx.rank, {"stopped_at": list(guard.stopped_at), "signal": guard.guard.received},
+                 prefix="preempted")
     raise

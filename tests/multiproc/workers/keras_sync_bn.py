@@ -14,22 +14,20 @@ the test can fail.
 """
 
 import argparse
-import json
-import os
 
-from keras_common import keras_for, parse_args_and_select_backend
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
+from hvdkit.keras.collectives import for_mode
 
 p = argparse.ArgumentParser()
 p.add_argument("--layer", choices=["hvdkit", "horovod", "plain"], required=True)
-args = parse_args_and_select_backend(p)
+args = parse_args(p)
 
-import numpy as np  # noqa: E402
-
-import hvdkit.keras as hk  # noqa: E402
-from hvdkit.keras.collectives import for_mode  # noqa: E402
-
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(threads=1)
-keras = keras_for(args.mode)
 (keras.backend.set_floatx if args.mode == "tf_keras" else keras.config.set_floatx)("float64")
 B, FEATURES = 6, 5
 
@@ -121,5 +119,4 @@ ref.fit(global_x, global_y, batch_size=ctx.size * B, epochs=1, shuffle=False, ve
 result["fit_weights_diff"] = max_diff(model.get_weights(), ref.get_weights())
 result["fit_stats_diff"] = max_diff(moving_stats(bn), moving_stats(ref_bn))
 
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(args.out, ctx.rank, result)

@@ -3,7 +3,8 @@
 import argparse
 
 import torch
-from torch_common import SmallNet, make_optimizer, optimizer_tensors, tensor_digest, write_result
+from rank_results import write_result
+from torch_common import SmallNet, make_optimizer, optimizer_tensors, tensor_digest
 
 import hvdkit.torch as hk
 

@@ -10,8 +10,9 @@ import os
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rank_results import write_result
 from torch.utils.data import TensorDataset
-from torch_common import SmallNet, make_optimizer, write_result
+from torch_common import SmallNet, make_optimizer
 
 import hvdkit.torch as hk
 

@@ -1,8 +1,6 @@
-"""Shared bits of the PyTorch test workers: tiny deterministic models and result output."""
+"""Shared bits of the PyTorch test workers: tiny deterministic models and their digests."""
 
 import hashlib
-import json
-import os
 
 import torch
 import torch.nn as nn
@@ -42,8 +40,3 @@ def optimizer_tensors(optimizer):
         for _key, value in sorted(optimizer.state_dict()["state"][pid].items()):
             out.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
     return out
-
-
-def write_result(out_dir, rank, result):
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)

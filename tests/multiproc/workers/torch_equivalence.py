@@ -5,7 +5,8 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from torch_common import SmallNet, make_optimizer, write_result
+from rank_results import write_result
+from torch_common import SmallNet, make_optimizer
 
 import hvdkit.torch as hk
 

@@ -4,8 +4,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from rank_results import write_result
 from torch.utils.data import DataLoader, TensorDataset
-from torch_common import SmallNet, write_result
+from torch_common import SmallNet
 
 import hvdkit.torch as hk
 

@@ -2,12 +2,12 @@
 once 20 allreduces have completed (so a fault test knows both ranks are inside the loop)."""
 
 import argparse
-import json
 import os
 import socket
 import time
 
 import torch
+from rank_results import write_result
 
 import hvdkit.torch as hk
 
@@ -15,8 +15,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 args = p.parse_args()
 ctx = hk.init(threads=1)
-with open(os.path.join(args.out, f"pid{ctx.rank}.json"), "w") as f:
-    json.dump({"rank": ctx.rank, "size": ctx.size, "pid": os.getpid(), "host": socket.gethostname()}, f)
+write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "pid": os.getpid(), "host": socket.gethostname()},
+             prefix="pid")
 step = 0
 while True:
     hk.hvd.allreduce(torch.ones(1024), name=f"step{step % 8}")

@@ -4,7 +4,7 @@ import argparse
 
 import torch
 import torch.nn as nn
-from torch_common import write_result
+from rank_results import write_result
 
 import hvdkit.torch as hk
 

@@ -6,11 +6,11 @@ checkpoint's (epoch, batch). The final parameters go to rank<r>.json.
 """
 
 import argparse
-import json
 import os
 import time
 
 import torch
+from rank_results import write_result
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
@@ -61,11 +61,10 @@ while epoch < EPOCHS:
         time.sleep(args.step_seconds)
         if guard.requested():
             hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1)
-            with open(os.path.join(args.out, f"preempted{ctx.rank}.json"), "w") as f:
-                json.dump({"epoch": epoch, "batch": batch + 1, "signal": guard.received}, f)
+            write_result(args.out, ctx.rank, {"epoch": epoch, "batch": batch + 1, "signal": guard.received},
+                         prefix="preempted")
             guard.exit()
     epoch, start_batch = epoch + 1, 0
 
-with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump({"size": ctx.size, "steps": steps, "resumed_at": resumed_at,
-               "params": [t.tolist() for t in model.state_dict().values()]}, f)
+write_result(args.out, ctx.rank, {"size": ctx.size, "steps": steps, "resumed_at": resumed_at,
+                                  "params": [t.tolist() for t in model.state_dict().values()]})

@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 import torch.nn as nn  # noqa: E402
-from torch_common import write_result  # noqa: E402
+from rank_results import write_result  # noqa: E402
 
 import hvdkit.torch as hk  # noqa: E402
 

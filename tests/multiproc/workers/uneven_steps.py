@@ -24,13 +24,12 @@ p.add_argument("--sleep", type=float, default=8.0)
 args = p.parse_args()
 
 if args.case == "keras-shard":
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import keras
     import numpy as np
-    from torch_common import write_result
+    from rank_results import write_result
 
     import hvdkit.keras as hk
 
+    keras = hk.use_backend("tensorflow")
     ctx = hk.init(seed=0)
 
     class CountBatches(keras.callbacks.Callback):
@@ -57,7 +56,8 @@ if args.case == "keras-shard":
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch_common import SmallNet, write_result  # noqa: E402
+from rank_results import write_result  # noqa: E402
+from torch_common import SmallNet  # noqa: E402
 
 import hvdkit.torch as hk  # noqa: E402
 
