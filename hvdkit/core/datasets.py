@@ -49,7 +49,6 @@ class Dataset:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
-    num_classes: int = 10
 
 
 def load_dataset(name: str, data_dir: str = "data", *, synthetic_size: int = 8192,

@@ -57,7 +57,6 @@ def probe() -> dict:
                 },
                 nccl_version=_nccl_version_string(nccl) if nccl else None,
                 cuda_built=bool(ext.cuda_built()),
-                probed_with=name,
             )
             break
         except Exception as exc:  # report, don't crash: this is a diagnostic tool

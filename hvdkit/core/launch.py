@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
@@ -48,7 +48,6 @@ class LaunchConfig:
     ssh_identity_file: str | None = None
     network_interface: str | None = None
     horovodrun: str = "horovodrun"
-    extra_args: tuple[str, ...] = field(default_factory=tuple)
     # Elastic mode (any of these set): Horovod restarts the workers on a new
     # host set instead of ending the job. With a discovery script, `hosts` is
     # what the script printed at launch (used for checks, not passed on).
@@ -128,7 +127,7 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         argv += ["--ssh-identity-file", cfg.ssh_identity_file]
     if nic:
         argv += ["--network-interface", nic]
-    argv += [*cfg.extra_args, *cfg.command]
+    argv += cfg.command
     return LaunchPlan(tuple(argv), controller, reason)
 
 

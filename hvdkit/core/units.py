@@ -55,8 +55,8 @@ def parse_count(text: str) -> float:
 
 def format_bytes(n: float) -> str:
     """A byte count in binary units, three significant digits: ``16 MiB``, ``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:g} {unit}" if unit == "B" else f"{n:.3g} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.3g} TiB"

@@ -13,6 +13,7 @@ from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags
 from hvdkit.core.tuning import apply_horovod_defaults
+from hvdkit.core.units import format_bytes
 from hvdkit.core.units import parse_byte_range as parse_sizes
 from tests.conftest import ROOT
 
@@ -39,6 +40,11 @@ def test_sizes():
     for bad, fix in (("12Q", "16M"), ("1M:4K", "LOW:HIGH"), ("2", "4 bytes")):
         with pytest.raises(UserError, match=fix):
             parse_sizes(bad)
+
+
+def test_format_bytes_stops_at_tebibytes():
+    assert [format_bytes(n) for n in (3, 1023, 1536, 16 << 20, 1 << 40, 5 << 50)] == \
+        ["3 B", "1023 B", "1.5 KiB", "16 MiB", "1 TiB", "5.12e+03 TiB"]
 
 
 def test_launch_plans_share_hosts_and_pick_controllers():

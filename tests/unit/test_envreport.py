@@ -12,7 +12,7 @@ PROBE_OK = {
     "frameworks": {"tensorflow": True, "torch": True, "mxnet": False},
     "controllers": {"mpi": True, "gloo": True},
     "tensor_operations": {"nccl": False, "ddl": False, "ccl": False, "mpi": True, "gloo": True},
-    "nccl_version": None, "cuda_built": False, "probed_with": "torch",
+    "nccl_version": None, "cuda_built": False,
 }
 
 
