@@ -75,11 +75,16 @@ _CLASSES: dict[str, dict[str, type]] = {}
 
 def _callback_classes(mode: str) -> dict[str, type]:
     """Callback classes subclass the active Keras's Callback, so they are made once Keras is known."""
-    if mode in _CLASSES:
-        return _CLASSES[mode]
-    keras = keras_module(mode)
-    coll = for_mode(mode)
+    if mode not in _CLASSES:
+        keras, coll = keras_module(mode), for_mode(mode)
+        _CLASSES[mode] = {"BroadcastInitialState": _broadcast_initial_state(keras, coll),
+                          "MetricAverage": _metric_average(keras, coll),
+                          "LearningRateWarmup": _learning_rate_warmup(keras),
+                          "PreemptionCheckpoint": _preemption_checkpoint(keras, coll)}
+    return _CLASSES[mode]
 
+
+def _broadcast_initial_state(keras, coll) -> type:
     class BroadcastInitialState(keras.callbacks.Callback):
         """Copies rank 0's weights and optimizer state before the first step, then checks the data is sharded."""
 
@@ -104,6 +109,10 @@ def _callback_classes(mode: str) -> dict[str, type]:
                             "sharded; use hvdkit.keras.shard_arrays(...) or shard_dataset(...) so each rank "
                             "trains on its own 1/size of the data")
 
+    return BroadcastInitialState
+
+
+def _metric_average(keras, coll) -> type:
     class MetricAverage(keras.callbacks.Callback):
         """Replaces each epoch's logged metrics by their mean over ranks."""
 
@@ -114,6 +123,10 @@ def _callback_classes(mode: str) -> dict[str, type]:
             values = coll.average_floats([float(logs[k]) for k in keys], name=f"hvdkit.metrics.{epoch}")
             logs.update(zip(keys, values))
 
+    return MetricAverage
+
+
+def _learning_rate_warmup(keras) -> type:
     class LearningRateWarmup(keras.callbacks.Callback):
         """Per-batch linear warmup from rate/size to the optimizer's (scaled) rate (Goyal et al.)."""
 
@@ -138,6 +151,10 @@ def _callback_classes(mode: str) -> dict[str, type]:
                 set_learning_rate(self.model.optimizer,
                                   warmup_lr(step, total, self.target / current().size, self.target))
 
+    return LearningRateWarmup
+
+
+def _preemption_checkpoint(keras, coll) -> type:
     class PreemptionCheckpoint(keras.callbacks.Callback):
         """On a termination signal on any rank: checkpoint at the next batch end on every rank, then exit."""
 
@@ -168,7 +185,4 @@ def _callback_classes(mode: str) -> dict[str, type]:
                                 **where)
                 self.guard.exit()
 
-    classes = {"BroadcastInitialState": BroadcastInitialState, "MetricAverage": MetricAverage,
-               "LearningRateWarmup": LearningRateWarmup, "PreemptionCheckpoint": PreemptionCheckpoint}
-    _CLASSES[mode] = classes
-    return classes
+    return PreemptionCheckpoint
