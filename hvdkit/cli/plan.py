@@ -50,26 +50,7 @@ def command(args: argparse.Namespace) -> int:
     params = parse_count(args.params) if args.params else RESNET50_PARAMS
     compute_s = args.compute_ms / 1e3 if args.compute_ms else None
     if args.calibrate:
-        net, fitted_np = calibrate_network(args.calibrate, args.impl)
-        notes.append(f"bandwidth and latency fitted to {args.impl}'s allreduce sweep on {fitted_np} processes")
-        row = train_compute(args.calibrate, args.impl, args.model)
-        if row:
-            measured_comm = row["allreduce_ms"] / 1e3
-            local = (row["step_ms"] - row["allreduce_ms"]) / 1e3
-            if not args.params:
-                params = row["params"]
-            if compute_s is None:
-                compute_s = local
-                notes.append(f"compute {local * 1e3:.1f} ms = measured {args.model} step minus its allreduce wait "
-                             f"({args.impl}, np={row['np']})")
-            predicted = compute_s + ring_allreduce_s(params * args.bytes_per_param, row["np"], net)
-            check = {"np": row["np"], "model": args.model, "measured_step_ms": row["step_ms"],
-                     "predicted_step_ms": predicted * 1e3,
-                     "error": predicted * 1e3 / row["step_ms"] - 1, "measured_allreduce_ms": measured_comm * 1e3}
-        if args.bandwidth:
-            net = Network(args.bandwidth * 1e9, net.latency)
-        if args.latency is not None:
-            net = Network(net.bandwidth, args.latency * 1e-6)
+        net, params, compute_s, check = _calibrate(args, params, compute_s, notes)
     else:
         net = Network((args.bandwidth or 12.5) * 1e9, (10.0 if args.latency is None else args.latency) * 1e-6)
     if compute_s is None:
@@ -85,10 +66,50 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
         return 0
-    print(f"model: {params / 1e6:.1f} M params, {format_bytes(work.grad_bytes)} of gradients per step; "
-          f"compute {compute_s * 1e3:.1f} ms/step; overlap {args.overlap:.0%}")
-    print(f"network: {net.bandwidth / 1e9:.3g} GB/s per link, {net.latency * 1e6:.3g} us per message")
-    for note in notes:
+    _print_plan(assumptions, preds, check)
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, params: float, compute_s: float | None,
+               notes: list[str]) -> tuple[Network, float, float | None, dict | None]:
+    """The network fitted to the bench sweep in --calibrate (then --bandwidth/--latency override it); params
+    and compute from its train.json where not given; and the check of the model against that measured step.
+
+    Returns (network, params, compute seconds, check or None); appends what it took from where to ``notes``.
+    """
+    check = None
+    net, fitted_np = calibrate_network(args.calibrate, args.impl)
+    notes.append(f"bandwidth and latency fitted to {args.impl}'s allreduce sweep on {fitted_np} processes")
+    row = train_compute(args.calibrate, args.impl, args.model)
+    if row:
+        measured_comm = row["allreduce_ms"] / 1e3
+        local = (row["step_ms"] - row["allreduce_ms"]) / 1e3
+        if not args.params:
+            params = row["params"]
+        if compute_s is None:
+            compute_s = local
+            notes.append(f"compute {local * 1e3:.1f} ms = measured {args.model} step minus its allreduce wait "
+                         f"({args.impl}, np={row['np']})")
+        predicted = compute_s + ring_allreduce_s(params * args.bytes_per_param, row["np"], net)
+        check = {"np": row["np"], "model": args.model, "measured_step_ms": row["step_ms"],
+                 "predicted_step_ms": predicted * 1e3,
+                 "error": predicted * 1e3 / row["step_ms"] - 1, "measured_allreduce_ms": measured_comm * 1e3}
+    if args.bandwidth:
+        net = Network(args.bandwidth * 1e9, net.latency)
+    if args.latency is not None:
+        net = Network(net.bandwidth, args.latency * 1e-6)
+    return net, params, compute_s, check
+
+
+def _print_plan(assumptions: dict, preds: list, check: dict | None) -> None:
+    """The plan as text: the assumptions, one row per worker count, and the check against bench train."""
+    a = assumptions
+    print(f"model: {a['params'] / 1e6:.1f} M params, {format_bytes(a['grad_bytes'])} of gradients per step; "
+          f"compute {a['compute_ms']:.1f} ms/step; overlap {a['overlap']:.0%}")
+    print(f"network: {a['bandwidth_GBps']:.3g} GB/s per link, {a['latency_us']:.3g} us per message")
+    for note in a["notes"]:
         print(f"  ({note})")
     header = ["workers", "ring ms", "ring step", "ring eff", "PS ms", "PS step", "PS eff"]
     lines = [header] + [[str(p.workers), f"{p.ring_comm_s * 1e3:.1f}", f"{p.ring_step_s * 1e3:.1f}",
@@ -99,6 +120,3 @@ def command(args: argparse.Namespace) -> int:
         print(f"check against bench train ({check['model']}, np={check['np']}): predicted "
               f"{check['predicted_step_ms']:.1f} ms/step, measured {check['measured_step_ms']:.1f} ms "
               f"({check['error']:+.0%})")
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return 0
