@@ -70,6 +70,15 @@ class DoctorReport:
 def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> tuple[list[Check], EnvReport | None]:
     """ssh, versions, build flags and slots for one host; returns its env report when reachable."""
     checks: list[Check] = []
+    report = _remote_report(host, cfg, checks)
+    if report is None:
+        return checks, None
+    checks += [_versions(host, report, driver), _horovod_build(host, report, driver), _slots(host, report, slots)]
+    return checks, report
+
+
+def _remote_report(host: str, cfg: DoctorConfig, checks: list[Check]) -> EnvReport | None:
+    """``hvdkit env --json`` on ``host`` (over ssh unless local); appends the ssh check, and hvdkit's if it fails."""
     remote = f"{shlex.quote(cfg.python)} -m hvdkit env --json"
     if host in LOCAL_NAMES:
         argv = [cfg.python, "-m", "hvdkit", "env", "--json"]
@@ -80,18 +89,20 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
         if rc != 0:
             last = last_line(err, rc)
             checks.append(Check(host, "ssh", False, last, ssh_fix_hint(host, err, cfg.ssh_port)))
-            return checks, None
+            return None
         checks.append(Check(host, "ssh", True, f"port {cfg.ssh_port or 22}, key-only"))
         argv = ssh_argv(host, remote, cfg.ssh_port, cfg.ssh_identity_file)
     rc, out, err = run_bounded(argv, REMOTE_TIMEOUT_S)
     try:
-        report = EnvReport.from_dict(json.loads(out))
+        return EnvReport.from_dict(json.loads(out))
     except (json.JSONDecodeError, TypeError):
         last = last_line(err, rc)
         checks.append(Check(host, "hvdkit", False, f"'{remote}' failed: {last}",
                             f"install hvdkit at {cfg.python} on {host} (the same path as here; use the same image)"))
-        return checks, None
+        return None
 
+
+def _versions(host: str, report: EnvReport, driver: EnvReport) -> Check:
     diffs = []
     if report.python != driver.python:
         diffs.append(f"python {report.python} (driver {driver.python})")
@@ -100,31 +111,31 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
     for name in COMPARED_PACKAGES:
         if report.packages.get(name) != driver.packages.get(name):
             diffs.append(f"{name} {report.packages.get(name)} (driver {driver.packages.get(name)})")
-    checks.append(Check(host, "versions", not diffs, "; ".join(diffs) or
-                        f"python {report.python}, hvdkit {report.hvdkit}, horovod {report.packages.get('horovod')}",
-                        "" if not diffs else f"install the driver's versions on {host}: run scripts/install.sh there "
-                        "from the same checkout (or use the same image)"))
+    return Check(host, "versions", not diffs, "; ".join(diffs) or
+                 f"python {report.python}, hvdkit {report.hvdkit}, horovod {report.packages.get('horovod')}",
+                 "" if not diffs else f"install the driver's versions on {host}: run scripts/install.sh there "
+                 "from the same checkout (or use the same image)")
 
+
+def _horovod_build(host: str, report: EnvReport, driver: EnvReport) -> Check:
     hb, db = report.horovod, driver.horovod
     if hb is None:
-        checks.append(Check(host, "horovod build", False, report.horovod_error or "unusable",
-                            f"rebuild Horovod on {host} with scripts/install.sh"))
-    else:
-        same = db is not None and hb.controllers == db.controllers and hb.frameworks == db.frameworks
-        flags = ", ".join(k for d in (hb.frameworks, hb.controllers) for k, v in d.items() if v)
-        checks.append(Check(host, "horovod build", same, flags,
-                            "" if same else f"rebuild Horovod on {host} with the same scripts/install.sh mode"))
+        return Check(host, "horovod build", False, report.horovod_error or "unusable",
+                     f"rebuild Horovod on {host} with scripts/install.sh")
+    same = db is not None and hb.controllers == db.controllers and hb.frameworks == db.frameworks
+    flags = ", ".join(k for d in (hb.frameworks, hb.controllers) for k, v in d.items() if v)
+    return Check(host, "horovod build", same, flags,
+                 "" if same else f"rebuild Horovod on {host} with the same scripts/install.sh mode")
 
+
+def _slots(host: str, report: EnvReport, slots: int) -> Check:
     if report.gpus:
         ok = len(report.gpus) >= slots
-        checks.append(Check(host, "slots", ok, f"{slots} slots, {len(report.gpus)} GPUs",
-                            "" if ok else f"lower {host}'s slots to {len(report.gpus)} (one process per GPU)"))
-    else:
-        ok = slots <= report.cpu_count
-        checks.append(Check(host, "slots", ok, f"CPU host: {slots} slots, {report.cpu_count} cores",
-                            "" if ok else f"lower {host}'s slots to {report.cpu_count} (its CPU cores) or use a "
-                                          "GPU host"))
-    return checks, report
+        return Check(host, "slots", ok, f"{slots} slots, {len(report.gpus)} GPUs",
+                     "" if ok else f"lower {host}'s slots to {len(report.gpus)} (one process per GPU)")
+    ok = slots <= report.cpu_count
+    return Check(host, "slots", ok, f"CPU host: {slots} slots, {report.cpu_count} cores",
+                 "" if ok else f"lower {host}'s slots to {report.cpu_count} (its CPU cores) or use a GPU host")
 
 
 def common_interface(reports: dict[str, EnvReport], requested: str | None,
