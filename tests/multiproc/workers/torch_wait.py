@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from torch_common import write_result  # noqa: E402
+from rank_results import write_result  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
