@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
+from hvdkit.core.backend import Backend
 from hvdkit.core.errors import UserError
 from hvdkit.core.integrity import TensorBytes, check_digest, numpy_bytes
 from hvdkit.core.units import format_bytes
@@ -272,18 +273,18 @@ def unreadable(path: str, exc: BaseException) -> CheckpointError:
                            "restore an older checkpoint or start without --resume")
 
 
-def verify_loaded(path: str, found_format: Any, formats: tuple[str, str], content: Any,
+def verify_loaded(path: str, found_format: Any, formats: tuple[str, ...], content: Any,
                   tensor_bytes: TensorBytes = numpy_bytes) -> None:
     """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of ``formats``.
 
-    ``formats`` is (current, legacy): the current format carries its digest
-    inside (:mod:`hvdkit.core.integrity`), the legacy one a ``.sha256`` beside it.
+    ``formats`` is (current, ..., legacy), newest first: all but the last
+    carry their digest inside (:mod:`hvdkit.core.integrity`), the last (the
+    first format) a ``.sha256`` beside the file.
     """
-    current, legacy = formats
     if found_format not in formats:
-        kind = current.rsplit("/", 1)[0]
+        kind = formats[0].rsplit("/", 1)[0]
         raise CheckpointError(f"{path!r} is not an {kind} checkpoint: save it with {kind}.save_checkpoint")
-    why = check_digest(content, tensor_bytes) if found_format == current else verify_legacy_checksum(path)
+    why = check_digest(content, tensor_bytes) if found_format != formats[-1] else verify_legacy_checksum(path)
     if why is not None:
         raise damaged(path, why)
 
@@ -331,35 +332,34 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
     return path, read(path)
 
 
-def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], *, is_root: bool,
-                  broadcast: Callable[[Any], Any]) -> None:
-    """The root runs :func:`check_writable` and ``broadcast`` hands every rank the verdict.
+def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], backend: Backend,
+                  root_rank: int = 0) -> None:
+    """The root runs :func:`check_writable` and a broadcast through ``backend`` hands every rank the verdict.
 
     Every rank raises the same :class:`CheckpointError` when the place is
     unusable. ``need_bytes()`` (the checkpoint's estimated size) runs on the
-    root only; ``broadcast(obj)`` is the framework's broadcast_object from the root.
+    root only.
     """
-    problem = check_writable(path, need_bytes()) if is_root else None
-    problem = broadcast(problem)
+    problem = check_writable(path, need_bytes()) if backend.hvd.rank() == root_rank else None
+    problem = backend.broadcast_object(problem, root_rank, name="hvdkit.check_checkpoint_path")
     if problem is not None:
         raise CheckpointError(problem)
 
 
-def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: str, *, is_root: bool,
-                 broadcast: Callable[[Any], Any]) -> Any:
-    """The root reads the checkpoint (:func:`read_from`) and ``broadcast`` hands every rank its payload.
+def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: str, backend: Backend,
+                 root_rank: int = 0) -> Any:
+    """The root reads the checkpoint (:func:`read_from`) and a broadcast through ``backend`` hands out its payload.
 
     A failure travels in the same broadcast, so every rank raises the same
     :class:`CheckpointError` and none is left waiting for a payload.
-    ``broadcast(obj)`` is the framework's broadcast_object from the root.
     """
     message = None
-    if is_root:
+    if backend.hvd.rank() == root_rank:
         try:
             message = ("ok", read_from(path, read, suffix)[1])
         except CheckpointError as exc:
             message = ("error", str(exc))
-    status, body = broadcast(message)
+    status, body = backend.broadcast_object(message, root_rank, name="hvdkit.checkpoint")
     if status == "error":
         raise CheckpointError(body)
     return body

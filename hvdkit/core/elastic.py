@@ -1,25 +1,65 @@
-"""What hvdkit's elastic states share, whatever the framework: step counting and commits.
+"""What hvdkit's elastic training shares, whatever the framework: the decorator, step counting and commits.
 
-``hvdkit.torch.elastic.ElasticState`` and ``hvdkit.keras.elastic.ElasticState``
-mix this into Horovod's state classes (which provide ``save()`` and
-``check_host_updates()``) and say how a batch is recorded (``_consume``) and
-how an epoch starts (``_start_epoch``).
+``@hk.elastic.run`` is :func:`run` in both adapters. ``hvdkit.torch.elastic.ElasticState``
+and ``hvdkit.keras.elastic.ElasticState`` mix :class:`ElasticCommits` into
+Horovod's state classes (which provide ``save()`` and ``check_host_updates()``),
+take the same keywords, and say how a batch is recorded (``_consume``), how an
+epoch starts (``_start_epoch``) and what a reset changes (:meth:`ElasticCommits._after_reset`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
+
+from hvdkit.core import context
+from hvdkit.core.lr import scale_lr_for
+
+
+def run(func: Callable) -> Callable:
+    """``@hk.elastic.run``: restore, re-sync and retry ``func(state)`` whenever the job changes.
+
+    Horovod's own loop (``horovod.common.elastic.run_fn``): sync the state,
+    run; on a failed collective restore the last commit, on a host change keep
+    it; then reset Horovod (shutdown, init) and run again. The backend is
+    looked up when ``func`` runs, so the decorator may be applied before
+    ``init()``. A failure counts as a failed collective when Horovod says so
+    or the backend recognises it (:meth:`hvdkit.core.backend.Backend.collective_failure`).
+    """
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    @functools.wraps(func)
+    def attempt(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is a failed Horovod collective
+            if not isinstance(exc, HorovodInternalError) and context.backend().collective_failure(exc):
+                raise HorovodInternalError(exc) from exc
+            raise
+
+    return run_fn(attempt, lambda: context.backend().reset())
 
 
 class ElasticCommits:
     step: int
     epoch: int
 
-    def _init_commits(self, commit_every: int) -> None:
+    def _init_commits(self, commit_every: int, base_lr) -> None:
         if commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {commit_every}")
         self._commit_every = commit_every
         self._commit_callbacks: list[Callable] = []
+        self._base_lr = base_lr
+
+    def _after_reset(self) -> None:
+        """After every reset (and once at the start): re-read rank and size, rescale the learning rate."""
+        ctx = context.refresh()
+        if self._base_lr is not None:
+            self._set_learning_rates([scale_lr_for(base, ctx) for base in self._base_lr])
+
+    def _set_learning_rates(self, rates: list[float]) -> None:
+        raise NotImplementedError
 
     def register_commit_callbacks(self, callbacks: list[Callable]) -> None:
         """Called right after each commit is saved, before host updates are checked (e.g. to log the step)."""

@@ -12,34 +12,56 @@
 Choose the backend with KERAS_BACKEND=tensorflow|torch, or TF_USE_LEGACY_KERAS=1
 for tf-keras, before importing keras. Launch with ``horovodrun -np 2 python train.py``.
 The same names as :mod:`hvdkit.torch` where both have the thing; docs/API.md lists both.
+
+The names load on first use: ``import hvdkit.keras`` (or its pure ``backend``
+module) imports neither Keras nor Horovod, since Keras reads its backend once,
+at its first import, and a script may still choose it (:func:`use_backend`).
 """
 
-from hvdkit.core.console import get_logger, progress
-from hvdkit.core.preemption import REQUEUE_EXIT_CODE
-from hvdkit.keras import elastic
-from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
-from hvdkit.keras.callbacks import callbacks
-from hvdkit.keras.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
-from hvdkit.keras.context import Context, current, init, seed_everything
-from hvdkit.keras.data import metric_average, shard_arrays, shard_dataset, steps_per_epoch
-from hvdkit.keras.optimizer import DistributedOptimizer, broadcast_state, scale_lr
+from importlib import import_module
+
+# name -> the module that defines it (the core's where both adapters share it)
+_WHERE = {
+    "BackendError": "hvdkit.keras.backend", "resolve_backend": "hvdkit.keras.backend",
+    "use_backend": "hvdkit.keras.backend",
+    "get_logger": "hvdkit.core.console", "progress": "hvdkit.core.console",
+    "REQUEUE_EXIT_CODE": "hvdkit.core.preemption", "PreemptionGuard": "hvdkit.core.preemption",
+    "metric_average": "hvdkit.core.metrics",
+    "callbacks": "hvdkit.keras.callbacks",
+    "CheckpointError": "hvdkit.keras.checkpoint", "check_checkpoint_path": "hvdkit.keras.checkpoint",
+    "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",
+    "Context": "hvdkit.keras.context", "current": "hvdkit.keras.context", "init": "hvdkit.keras.context",
+    "seed_everything": "hvdkit.keras.context",
+    "shard_arrays": "hvdkit.keras.data", "shard_dataset": "hvdkit.keras.data", "steps_per_epoch": "hvdkit.keras.data",
+    "DistributedOptimizer": "hvdkit.keras.optimizer", "broadcast_state": "hvdkit.keras.optimizer",
+    "scale_lr": "hvdkit.keras.optimizer",
+}
 
 
 def __getattr__(name: str):
-    # SyncBatchNormalization subclasses the Keras that the backend selects, so it
-    # is made on first use rather than at import (which must not import Keras).
+    if name == "elastic":
+        return import_module("hvdkit.keras.elastic")
     if name == "SyncBatchNormalization":
+        # Subclasses the Keras that the backend selects, so it is made on first use.
+        from hvdkit.keras.backend import resolve_backend
         from hvdkit.keras.sync_batch_norm import layer_class
 
         return layer_class(resolve_backend())
+    if name == "hvd":
+        # The Horovod module serving this Keras mode (horovod.tensorflow or horovod.torch), as hvdkit.torch.hvd.
+        from hvdkit.keras.backend import resolve_backend
+        from hvdkit.keras.collectives import backend_for
+
+        return backend_for(resolve_backend()).hvd
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "REQUEUE_EXIT_CODE",
-    "SyncBatchNormalization",
-    "broadcast_state", "callbacks", "check_checkpoint_path", "current", "elastic", "get_logger", "init",
-    "load_checkpoint",
-    "metric_average", "progress", "resolve_backend", "save_checkpoint", "scale_lr", "seed_everything",
-    "shard_arrays", "shard_dataset", "steps_per_epoch", "use_backend",
+    "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
+    "SyncBatchNormalization", "broadcast_state", "callbacks", "check_checkpoint_path", "current", "elastic",
+    "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "resolve_backend",
+    "save_checkpoint", "scale_lr", "seed_everything", "shard_arrays", "shard_dataset", "steps_per_epoch",
+    "use_backend",
 ]

@@ -21,10 +21,10 @@ import logging
 from hvdkit.core.checkpoint_files import is_directory_target
 from hvdkit.core.lr import warmup_lr
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
-from hvdkit.core.preemption import Preemption
+from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
-from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import broadcast_state, get_learning_rate, set_learning_rate
 
@@ -76,15 +76,15 @@ _CLASSES: dict[str, dict[str, type]] = {}
 def _callback_classes(mode: str) -> dict[str, type]:
     """Callback classes subclass the active Keras's Callback, so they are made once Keras is known."""
     if mode not in _CLASSES:
-        keras, coll = keras_module(mode), for_mode(mode)
-        _CLASSES[mode] = {"BroadcastInitialState": _broadcast_initial_state(keras, coll),
-                          "MetricAverage": _metric_average(keras, coll),
+        keras, backend = keras_module(mode), backend_for(mode)
+        _CLASSES[mode] = {"BroadcastInitialState": _broadcast_initial_state(keras, backend),
+                          "MetricAverage": _metric_average(keras, backend),
                           "LearningRateWarmup": _learning_rate_warmup(keras),
-                          "PreemptionCheckpoint": _preemption_checkpoint(keras, coll)}
+                          "PreemptionCheckpoint": _preemption_checkpoint(keras)}
     return _CLASSES[mode]
 
 
-def _broadcast_initial_state(keras, coll) -> type:
+def _broadcast_initial_state(keras, backend) -> type:
     class BroadcastInitialState(keras.callbacks.Callback):
         """Copies rank 0's weights and optimizer state before the first step, then checks the data is sharded."""
 
@@ -103,7 +103,7 @@ def _broadcast_initial_state(keras, coll) -> type:
             if self.checked or batch != 0 or current().size == 1 or not logs or "loss" not in logs:
                 return
             self.checked = True
-            losses = coll.allgather_object(float(logs["loss"]), name="hvdkit.first_loss")
+            losses = backend.allgather_object(float(logs["loss"]), name="hvdkit.first_loss")
             if current().rank == self.root_rank and len(set(losses)) == 1:
                 log.warning("every rank computed the same loss on its first batch: the data is probably not "
                             "sharded; use hvdkit.keras.shard_arrays(...) or shard_dataset(...) so each rank "
@@ -112,7 +112,7 @@ def _broadcast_initial_state(keras, coll) -> type:
     return BroadcastInitialState
 
 
-def _metric_average(keras, coll) -> type:
+def _metric_average(keras, backend) -> type:
     class MetricAverage(keras.callbacks.Callback):
         """Replaces each epoch's logged metrics by their mean over ranks."""
 
@@ -120,7 +120,7 @@ def _metric_average(keras, coll) -> type:
             if not logs:
                 return
             keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "__float__"))
-            values = coll.average_floats([float(logs[k]) for k in keys], name=f"hvdkit.metrics.{epoch}")
+            values = backend.allreduce_floats([float(logs[k]) for k in keys], "average", name=f"hvdkit.metrics.{epoch}")
             logs.update(zip(keys, values))
 
     return MetricAverage
@@ -154,7 +154,7 @@ def _learning_rate_warmup(keras) -> type:
     return LearningRateWarmup
 
 
-def _preemption_checkpoint(keras, coll) -> type:
+def _preemption_checkpoint(keras) -> type:
     class PreemptionCheckpoint(keras.callbacks.Callback):
         """On a termination signal on any rank: checkpoint at the next batch end on every rank, then exit."""
 
@@ -164,8 +164,7 @@ def _preemption_checkpoint(keras, coll) -> type:
             self.epoch = 0
             self.batches_done = 0           # names the file in a directory when fit does not know the steps
             self.stopped_at: tuple[int, int] | None = None
-            # Ranks agree through one tiny allreduce per batch: the mean of the flags is > 0 if any is set.
-            self.guard = Preemption(lambda flag: int(coll.average_floats([float(flag)], "hvdkit.preemption")[0] > 0))
+            self.guard = PreemptionGuard()     # one tiny allreduce per batch, as hvdkit.torch's guard
 
         def on_train_begin(self, logs=None):
             check_checkpoint_path(self.path, self.model, self.model.optimizer)

@@ -1,13 +1,15 @@
 """Step 6 and resume for Keras: rank-0 atomic checkpoints, loaded identically on every rank.
 
 The file is a NumPy ``.npz`` holding the model's variables, the optimizer's
-variables and a JSON header, so the same format serves Keras 3 (both
-backends) and tf-keras. The header carries a SHA-256 over the whole content,
-so a copy of the file is verified wherever it goes. Without hvdkit::
+variables and a JSON header with their names, so the same format serves
+Keras 3 (both backends) and tf-keras. Loading matches variables by name (as
+torch's ``load_state_dict`` does), and says which names are missing or have
+another shape. The header carries a SHA-256 over the whole content, so a copy
+of the file is verified wherever it goes. Without hvdkit::
 
     with np.load("ckpt.npz") as f:
         weights = [f[f"model_{i}"] for i in range(json.loads(bytes(f["header"]))["n_model"])]
-    model.set_weights(weights)      # the order of model.weights
+    model.set_weights(weights)      # the order of model.weights (names: header["model_names"])
 
 Example::
 
@@ -33,12 +35,11 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.keras.collectives import for_mode
-from hvdkit.keras.context import current
-from hvdkit.keras.optimizer import ensure_built, optimizer_variables
+from hvdkit.keras.context import backend, current
+from hvdkit.keras.optimizer import named_variables
 
-FORMAT = "hvdkit.keras/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
-LEGACY_FORMAT = "hvdkit.keras/1"
+FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
+READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
 
 
 def _numpy(variable) -> np.ndarray:
@@ -56,13 +57,16 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     ctx = current()
     if not ctx.is_main:
         return False
-    ensure_built(model, optimizer)
-    model_vars = [_numpy(v) for v in model.variables]
-    opt_vars = [_numpy(v) for v in optimizer_variables(optimizer)] if optimizer is not None else []
+    named = named_variables(model, optimizer)
+    model_names = [n for n, _ in named if n.startswith("model/")]
+    opt_names = [n for n, _ in named if n.startswith("optimizer/")]
+    values = {n: _numpy(v) for n, v in named}
+    model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
     if step is not None:
         extra = {"step": step, **extra}
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
-              "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars), "extra": extra}
+              "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
+              "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
     header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
     header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
@@ -82,7 +86,7 @@ def _read(path: str) -> dict:
         raise unreadable(path, exc) from exc
     stored = header.pop(DIGEST_KEY, None)        # the digest covers the header without itself
     body = {"header": header, "model": model_vars, "optimizer": opt_vars}
-    verify_loaded(path, header.get("format"), (FORMAT, LEGACY_FORMAT), {**body, DIGEST_KEY: stored})
+    verify_loaded(path, header.get("format"), READABLE, {**body, DIGEST_KEY: stored})
     return body
 
 
@@ -99,29 +103,42 @@ def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -
                    for v in model.variables)      # from the shapes: no copy off the device
         return size * (3 if optimizer is not None else 1)    # room for an Adam-like optimizer's two moments
 
-    coll = for_mode(current().backend)
-    check_on_root(path, need, is_root=current().is_main,
-                  broadcast=lambda obj: coll.broadcast_object(obj, 0, name="hvdkit.check_checkpoint_path"))
+    check_on_root(path, need, backend())
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:
-    """Rank ``root_rank`` reads ``path``; every rank assigns the same variables. Returns ``extra``."""
-    ctx = current()
-    coll = for_mode(ctx.backend)
-    body = read_on_root(path, _read, ".npz", is_root=ctx.rank == root_rank,
-                        broadcast=lambda obj: coll.broadcast_object(obj, root_rank, name="hvdkit.checkpoint"))
-    model_vars = list(model.variables)
-    if len(model_vars) != len(body["model"]):
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} has {len(body['model'])} model variables but the "
-                              f"model has {len(model_vars)}: build the same architecture before loading")
-    for var, value in zip(model_vars, body["model"]):
-        var.assign(value)
-    if optimizer is not None:
-        ensure_built(model, optimizer)
-        opt_vars = optimizer_variables(optimizer)
-        if len(opt_vars) != len(body["optimizer"]):
-            raise CheckpointError(f"checkpoint {os.fspath(path)!r} has {len(body['optimizer'])} optimizer variables, "
-                                  f"the optimizer has {len(opt_vars)}: use the same optimizer class and settings")
-        for var, value in zip(opt_vars, body["optimizer"]):
-            var.assign(value)
-    return body["header"]["extra"]
+    """Rank ``root_rank`` reads ``path``; every rank assigns the same variables, by name. Returns ``extra``.
+
+    A variable the checkpoint lacks, one it has that the model lacks, or one
+    of another shape raises :class:`CheckpointError` naming it (on every rank).
+    """
+    current()
+    body = read_on_root(path, _read, ".npz", backend(), root_rank)
+    header, where = body["header"], os.fspath(path)
+    for part, target in (("model", model), ("optimizer", optimizer)):
+        if target is None:
+            continue
+        named = [(n, v) for n, v in named_variables(model, optimizer) if n.startswith(part + "/")]
+        saved = header.get(f"{part}_names")
+        if saved is None:                # /1 and /2: by position, counts checked
+            if len(named) != len(body[part]):
+                raise CheckpointError(f"checkpoint {where!r} has {len(body[part])} {part} variables, this {part} "
+                                      f"has {len(named)}: build the same architecture and optimizer before loading")
+            saved = [n for n, _ in named]
+        _assign_by_name(where, part, named, dict(zip(saved, body[part])))
+    return header["extra"]
+
+
+def _assign_by_name(path: str, part: str, named: list, values: dict) -> None:
+    missing = [n for n, _ in named if n not in values]
+    unexpected = sorted(set(values) - {n for n, _ in named})
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path!r} does not match this {part}: missing {missing[:3]}, unexpected {unexpected[:3]}; "
+            "build the same architecture as the saving script (Keras numbers unnamed layers per process, "
+            "so give layers name= when models are built in a different order)")
+    for name, variable in named:
+        if tuple(values[name].shape) != tuple(variable.shape):
+            raise CheckpointError(f"checkpoint {path!r}: {name!r} is {tuple(values[name].shape)} there but "
+                                  f"{tuple(variable.shape)} here: build the same architecture before loading")
+        variable.assign(values[name])

@@ -13,7 +13,6 @@ import logging
 import math
 
 from hvdkit.core.sharding import shard_together
-from hvdkit.keras.collectives import for_mode
 from hvdkit.keras.context import current
 
 log = logging.getLogger("hvdkit.keras")
@@ -59,8 +58,3 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
     """Batches per rank per epoch when ``num_samples`` are split over all ranks."""
     ctx = current()
     return max(1, math.ceil(num_samples / (batch_size * ctx.size)))
-
-
-def metric_average(value: float, name: str) -> float:
-    """The mean of a Python number over all ranks."""
-    return for_mode(current().backend).average_floats([float(value)], name=name)[0]

@@ -20,93 +20,64 @@ the epoch over the new world size; the learning rate becomes
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
+from horovod.common.elastic import ObjectState
 
-from hvdkit.core.elastic import ElasticCommits
-from hvdkit.core.lr import scale_lr_for
+from hvdkit.core.elastic import ElasticCommits, run
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import _numpy
-from hvdkit.keras.collectives import for_mode, import_horovod
-from hvdkit.keras.context import current, refresh
-from hvdkit.keras.optimizer import ensure_built, optimizer_variables, set_learning_rate
-
-_elastic = import_horovod("horovod.common.elastic")
-HorovodInternalError = import_horovod("horovod.common.exceptions").HorovodInternalError
+from hvdkit.keras.collectives import broadcast_variables
+from hvdkit.keras.context import backend, current
+from hvdkit.keras.optimizer import named_variables, set_learning_rate
 
 
-def run(func):
-    """``@hk.elastic.run``: restore, re-sync and retry ``func(state)`` whenever the job changes.
+class ElasticState(ElasticCommits, ObjectState):
+    """Model and optimizer variables plus ``epoch``, ``step``, ``consumed`` and any keyword you add.
 
-    Horovod's TensorFlow decorator only recognises failures of its plain
-    allreduce/allgather/broadcast ops; hvdkit's optimizer uses grouped
-    allreduce, so any TensorFlow error raised by a Horovod op counts here.
+    The keywords are :class:`hvdkit.torch.elastic.ElasticState`'s, except the
+    data's: here ``seed`` (the shuffle of :meth:`shard`), there ``sampler``
+    (the loader's ElasticSampler), because that is where each keeps how far
+    the epoch has gone.
     """
-    mode = current().backend
-    hvd = for_mode(mode).hvd
 
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - re-raised unless it is a Horovod collective failure
-            if mode != "torch" and type(exc).__module__.startswith("tensorflow") and "Horovod" in str(exc):
-                raise HorovodInternalError(exc) from exc
-            raise
-
-    def reset():
-        hvd.shutdown()
-        hvd.init()
-
-    return _elastic.run_fn(wrapper, reset)
-
-
-class ElasticState(ElasticCommits, _elastic.ObjectState):
-    """Model and optimizer variables plus ``epoch``, ``step``, ``consumed`` and any keyword you add."""
-
-    def __init__(self, model, optimizer, *, base_lr: float | None = None, commit_every: int = 1, seed: int = 0,
-                 epoch: int = 0, step: int = 0, **kwargs):
-        self._init_commits(commit_every)
+    def __init__(self, model, optimizer, *, base_lr: float | None = None, commit_every: int = 1, epoch: int = 0,
+                 step: int = 0, seed: int = 0, **kwargs):
+        current()
         if not model.built or not model.variables:
             raise ValueError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
                              "before making its ElasticState")
+        self._init_commits(commit_every, [base_lr] if base_lr is not None else None)
         self.model, self.optimizer = model, optimizer
-        self._coll = for_mode(current().backend)
-        self._base_lr, self._seed = base_lr, seed
+        self._seed = seed
         self._shard_len = 0
-        ensure_built(model, optimizer)
-        super().__init__(bcast_object=lambda obj: self._coll.broadcast_object(obj, 0, "hvdkit.elastic.state"),
-                         get_rank=self._coll.hvd.rank, epoch=epoch, step=step, consumed=0, **kwargs)
+        self._named = named_variables(model, optimizer)        # builds the optimizer's slots
+        b = backend()
+        super().__init__(bcast_object=lambda obj: b.broadcast_object(obj, 0, "hvdkit.elastic.state"),
+                         get_rank=b.hvd.rank, epoch=epoch, step=step, consumed=0, **kwargs)
         self._save_variables()
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
 
     # -- what a commit holds -------------------------------------------------------
-    def _variables(self) -> list:
-        return list(self.model.variables) + optimizer_variables(self.optimizer)
-
     def _save_variables(self) -> None:
-        self._saved_values = [np.array(_numpy(v), copy=True) for v in self._variables()]
+        self._saved_values = [np.array(_numpy(v), copy=True) for _, v in self._named]
 
     def save(self) -> None:
         self._save_variables()
         super().save()
 
     def restore(self) -> None:
-        for variable, value in zip(self._variables(), self._saved_values):
+        for (_, variable), value in zip(self._named, self._saved_values):
             variable.assign(value)
         super().restore()
 
     def sync(self) -> None:
-        self._coll.broadcast_variables(self._variables(), root_rank=0)
+        broadcast_variables(backend(), self._named, root_rank=0)
         super().sync()
         self._save_variables()   # a new worker's fallback is rank 0's state, not its own random init
 
-    def _after_reset(self) -> None:
-        ctx = refresh()
-        if self._base_lr is not None:
-            set_learning_rate(self.optimizer, scale_lr_for(self._base_lr, ctx))
+    def _set_learning_rates(self, rates: list[float]) -> None:
+        set_learning_rate(self.optimizer, rates[0])
 
     # -- what step_done/epoch_done record (hvdkit.core.elastic) -------------------
     def _consume(self, samples: int) -> None:
@@ -149,3 +120,6 @@ class ElasticState(ElasticCommits, _elastic.ObjectState):
                                 last_of_epoch=batch == batches - 1)
 
         return ElasticCommit()
+
+
+__all__ = ["ElasticState", "run"]

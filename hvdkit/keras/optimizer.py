@@ -9,10 +9,12 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.keras.backend import keras_module
-from hvdkit.keras.collectives import for_mode
-from hvdkit.keras.context import current
+from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
+from hvdkit.keras.context import backend, current
 
 
 def is_distributed(optimizer) -> bool:
@@ -38,11 +40,11 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     op, compression = reduce_options(op, compression)
     if is_distributed(optimizer):
         raise ValueError("optimizer is already distributed: wrap the plain Keras optimizer once")
-    coll = for_mode(ctx.backend)
+    b = backend()
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
 
-        return hvd_keras.DistributedOptimizer(optimizer, op=coll.ops[op], compression=coll.compressions[compression],
+        return hvd_keras.DistributedOptimizer(optimizer, op=b.reduce_op(op), compression=b.compression(compression),
                                               backward_passes_per_step=backward_passes_per_step)
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
@@ -57,7 +59,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
-        return base.apply(self, coll.allreduce_gradients(list(grads), op, compression), trainable_variables)
+        return base.apply(self, allreduce_gradients(b, list(grads), op, compression), trainable_variables)
 
     # Swap the class in place: the optimizer keeps its config, variables and
     # (for LossScaleOptimizer) its inner optimizer.
@@ -87,21 +89,68 @@ def ensure_built(model, optimizer) -> None:
         optimizer.build(model.trainable_variables)
 
 
+def named_variables(model, optimizer=None) -> list[tuple[str, object]]:
+    """The model's variables by structural name, then the optimizer's by position; what checkpoints match on.
+
+    A model variable's name is the path of layers to it, each layer named by
+    its class and its place among its parent's layers of that class, then the
+    variable's own name: ``model/dense/kernel``, ``model/dense_1/bias``,
+    ``model/batch_normalization/moving_mean`` (as Keras's own ``.weights.h5``
+    names them). Layer names Keras gives (``dense_7``, numbered per process)
+    and the model's name play no part, so a model built twice in one process
+    matches. Optimizer variables are ``optimizer/<index>`` (shapes checked): their order
+    follows the model's trainable variables, as a torch optimizer's state
+    follows its parameters' indices.
+    """
+    names: dict[int, str] = {}
+    _name_layers("model/", model, names)
+    out = [(names.get(id(v)) or f"model/{_short_name(v)}", v) for v in model.variables]
+    if optimizer is not None:
+        ensure_built(model, optimizer)
+        out += [(f"optimizer/{i}", v) for i, v in enumerate(optimizer_variables(optimizer))]
+    return _numbered_duplicates(out)
+
+
+def _short_name(variable) -> str:
+    """``kernel`` for Keras 3's ``sequential/dense/kernel`` and tf-keras's ``dense/kernel:0``."""
+    return (getattr(variable, "path", None) or variable.name).split("/")[-1].split(":")[0]
+
+
+def _name_layers(prefix: str, layer, names: dict[int, str]) -> None:
+    counts: dict[str, int] = {}
+    for child in getattr(layer, "layers", None) or []:
+        kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(child).__name__).lower()
+        counts[kind] = counts.get(kind, 0) + 1
+        _name_layers(f"{prefix}{kind if counts[kind] == 1 else f'{kind}_{counts[kind] - 1}'}/", child, names)
+    own = [v for v in layer.variables if id(v) not in names]     # a leaf's, or what a container holds itself
+    for name, v in _numbered_duplicates([(f"{prefix}{_short_name(v)}", v) for v in own]):
+        names[id(v)] = name
+
+
+def _numbered_duplicates(named: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """A layer with inner layers can hold two ``kernel``s: the second becomes ``kernel#1``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name, v in named:
+        seen[name] = seen.get(name, 0) + 1
+        out.append((name if seen[name] == 1 else f"{name}#{seen[name] - 1}", v))
+    return out
+
+
 def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
     """Step 4: copy rank 0's model variables (weights and non-trainable state) and optimizer variables.
 
     The optimizer is built first if needed (its slots start at zero; no step
     is taken), so its variables exist on every rank before the broadcast.
+    Every variable goes by name (:func:`named_variables`) through
+    :func:`hvdkit.core.state.broadcast_state`, which first checks that all
+    ranks hold the same names and shapes.
     """
-    ctx = current()
+    current()
     if not model.built or not model.variables:
         raise ValueError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
                          "or call it on one batch) before broadcast_state/fit")
-    variables = list(model.variables)
-    if optimizer is not None:
-        ensure_built(model, optimizer)
-        variables += optimizer_variables(optimizer)
-    for_mode(ctx.backend).broadcast_variables(variables, root_rank)
+    broadcast_variables(backend(), named_variables(model, optimizer), root_rank)
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:

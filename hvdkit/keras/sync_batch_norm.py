@@ -26,15 +26,15 @@ from __future__ import annotations
 from functools import lru_cache
 
 from hvdkit.keras.backend import keras_module
-from hvdkit.keras.collectives import for_mode
+from hvdkit.keras.collectives import allreduce_sum, backend_for
 
 
 @lru_cache(maxsize=None)
 def layer_class(mode: str):
     """The SyncBatchNormalization class for hvdkit's Keras ``mode`` (built once, after Keras is imported)."""
-    coll = for_mode(mode)
+    backend = backend_for(mode)
     if mode == "tf_keras":
-        return coll.hvd.SyncBatchNormalization
+        return backend.hvd.SyncBatchNormalization
     keras = keras_module(mode)
     ops = keras.ops
 
@@ -49,7 +49,7 @@ def layer_class(mode: str):
             super().__init__(**kwargs)
 
         def _moments(self, inputs, mask):
-            if coll.hvd.size() == 1:
+            if backend.hvd.size() == 1:
                 return super()._moments(inputs, mask)
             axes = self._reduction_axes
             if mask is None:
@@ -67,7 +67,7 @@ def layer_class(mode: str):
             # differentiable (its gradient is the allreduce of the incoming gradient), so
             # backward sees the global statistics' dependence on every rank's inputs.
             local = ops.stack([local_count, ops.sum(weighted, axes), ops.sum(weighted * inputs, axes)])
-            total = coll.allreduce_sum(local)
+            total = allreduce_sum(backend, local)
             n = total[0]
             mean = total[1] / n
             variance = total[2] / n - ops.square(mean)

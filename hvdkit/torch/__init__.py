@@ -13,9 +13,11 @@ Launch with ``horovodrun -np 2 python train.py``.
 The same names as :mod:`hvdkit.keras` where both have the thing; docs/API.md lists both.
 """
 
+from hvdkit.backends.torch import hvd
 from hvdkit.core.console import get_logger, progress
+from hvdkit.core.metrics import metric_average
+from hvdkit.core.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 from hvdkit.torch import elastic
-from hvdkit.torch._horovod import hvd
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
 from hvdkit.torch.data import (
@@ -25,11 +27,9 @@ from hvdkit.torch.data import (
     distributed_loader,
     eval_loader,
     evaluate,
-    metric_average,
     shard_arrays,
 )
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
-from hvdkit.torch.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 
 SyncBatchNorm = hvd.SyncBatchNorm
 """Horovod's ``torch.nn`` BatchNorm with statistics over all ranks (Keras: ``SyncBatchNormalization``)."""

@@ -25,6 +25,7 @@ import os
 import torch
 
 import hvdkit
+from hvdkit.core import context
 from hvdkit.core.checkpoint_files import (
     CheckpointError,
     check_on_root,
@@ -34,8 +35,7 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.torch._horovod import hvd
-from hvdkit.torch.context import current
+from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import to_cpu
 
 FORMAT = "hvdkit.torch/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
@@ -117,8 +117,7 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
         size = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
         return size * (3 if optimizer is not None else 1)
 
-    check_on_root(path, need, is_root=current().is_main,
-                  broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=0, name="hvdkit.check_checkpoint_path"))
+    check_on_root(path, need, context.backend(ADAPTER))
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
@@ -131,9 +130,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
     is left waiting in a broadcast).
     """
-    ctx = current()
-    body = read_on_root(path, _read, ".pt", is_root=ctx.rank == root_rank,
-                        broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=root_rank, name="hvdkit.checkpoint"))
+    body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank)
     model.load_state_dict(body["model"])
     if optimizer is not None:
         if body["optimizer"] is None:

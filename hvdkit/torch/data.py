@@ -1,4 +1,4 @@
-"""Data sharding and exact distributed evaluation.
+"""Data sharding and exact distributed evaluation (``metric_average`` is the core's, shared with Keras).
 
 Example::
 
@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from hvdkit.backends.torch import hvd
 from hvdkit.core.sharding import shard_slice, shard_together, take_shard
-from hvdkit.torch._horovod import hvd
 from hvdkit.torch.context import current
 
 
@@ -123,17 +123,6 @@ def allreduce_sum(values: list[float] | torch.Tensor, name: str) -> torch.Tensor
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
-def metric_average(value: float | torch.Tensor, name: str) -> float:
-    """The mean of a scalar over all ranks (each rank weighs the same).
-
-    For a mean over samples when shards differ in size, sum the totals and the
-    counts with :func:`allreduce_sum` instead; :func:`evaluate` does that.
-    """
-    tensor = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
-    return hvd.allreduce(tensor, op=hvd.Average, name=name).item()
-
-
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entropy) -> dict[str, float]:
     """Loss and accuracy over the whole dataset behind ``loader``'s shards, exact across ranks.
 

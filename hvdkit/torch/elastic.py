@@ -22,7 +22,8 @@ What a commit holds: model, optimizer, epoch, step, and the sampler's
 position (samples consumed this epoch). After a reset every worker goes back
 to the last commit, rank 0's state is broadcast (new workers get it too), the
 data is re-sharded over the new world size from the first unconsumed sample,
-and the learning rate is rescaled to ``base_lr x size``.
+and the learning rate is rescaled to ``base_lr x size``. ``run``, the commits
+and the rescaling are the core's (:mod:`hvdkit.core.elastic`), as in Keras.
 """
 
 from __future__ import annotations
@@ -30,13 +31,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hvdkit.core.elastic import ElasticCommits
-from hvdkit.core.lr import scale_lr_for
-from hvdkit.torch._horovod import hvd
-from hvdkit.torch.context import current, refresh
-
-run = hvd.elastic.run
-"""Decorator for the training function: ``@hk.elastic.run def train(state): ...`` (Horovod's own)."""
+from hvdkit.backends.torch import hvd
+from hvdkit.core.elastic import ElasticCommits, run
+from hvdkit.torch.context import current
 
 
 def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -58,30 +55,30 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     param group, or a list); on every reset each group's lr becomes
     ``base_lr x size`` (see :func:`hvdkit.core.lr.scale_lr`). ``commit_every``
     is how many steps pass between commits (a commit copies model and
-    optimizer state to host memory).
+    optimizer state to host memory). ``sampler`` is the loader's
+    ElasticSampler: where the epoch stands lives there (in Keras, in the
+    state's own ``shard``). Other keywords are kept in the state, as in Horovod.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sampler=None,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  base_lr: float | list[float] | None = None, commit_every: int = 1, epoch: int = 0,
-                 step: int = 0, **kwargs):
-        self._init_commits(commit_every)
+                 step: int = 0, sampler=None, **kwargs):
+        current()
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
             raise TypeError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
-        extra = {"train_sampler": sampler} if sampler is not None else {}
-        super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):
             base_lr = [base_lr] * groups
-        self._base_lr = list(base_lr) if base_lr is not None else None
+        self._init_commits(commit_every, list(base_lr) if base_lr is not None else None)
+        extra = {"train_sampler": sampler} if sampler is not None else {}
+        super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
 
-    def _after_reset(self) -> None:
-        ctx = refresh()
-        if self._base_lr is not None:
-            for group, base in zip(self.optimizer.param_groups, self._base_lr):
-                group["lr"] = scale_lr_for(base, ctx)
+    def _set_learning_rates(self, rates: list[float]) -> None:
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group["lr"] = rate
 
     def _consume(self, samples: int) -> None:
         if getattr(self, "train_sampler", None) is not None:
@@ -90,3 +87,6 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     def _start_epoch(self) -> None:
         if getattr(self, "train_sampler", None) is not None:
             self.train_sampler.set_epoch(self.epoch)
+
+
+__all__ = ["ElasticState", "elastic_loader", "run"]

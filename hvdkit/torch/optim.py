@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from hvdkit.backends.torch import hvd
+from hvdkit.core import context, state
 from hvdkit.core.lr import reduce_options, scale_lr_for, warmup_lr
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
-from hvdkit.torch._horovod import hvd
-from hvdkit.torch.context import current
+from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import to_cpu
-
-_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-_COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 
 def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
@@ -67,12 +65,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                     f"parameter {names[id(p)]!r} is on {p.device} but this rank's device is {ctx.device}: "
                     "call model.to(ctx.device) before creating the optimizer"
                 )
+    backend = context.backend(ADAPTER)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
-        compression=_COMPRESSIONS[compression],
+        compression=backend.compression(compression),
         backward_passes_per_step=backward_passes_per_step,
-        op=_OPS[op],
+        op=backend.reduce_op(op),
         gradient_predivide_factor=gradient_predivide_factor,
         sparse_as_dense=sparse_as_dense,
     )
@@ -88,20 +87,25 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
                     root_rank: int = 0) -> None:
     """Step 4: copy rank 0's parameters, buffers and optimizer state to every rank.
 
-    Buffers matter (BatchNorm running statistics are not parameters). The
-    optimizer state goes as one object: Horovod's own broadcast_optimizer_state
-    initialises an empty state by running a zero-gradient step(), which
-    advances Adam's step counter and applies weight decay, so the first real
-    step would differ from a single-process run.
+    The model's ``state_dict`` tensors go by name through
+    :func:`hvdkit.core.state.broadcast_state`, which first checks that every
+    rank holds the same names and shapes. Buffers matter (BatchNorm running
+    statistics are not parameters). The optimizer state goes as one object:
+    Horovod's own broadcast_optimizer_state initialises an empty state by
+    running a zero-gradient step(), which advances Adam's step counter and
+    applies weight decay, so the first real step would differ from a
+    single-process run.
     """
-    current()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
+    backend = context.backend(ADAPTER)
+    named = [(n, t) for n, t in model.state_dict().items() if torch.is_tensor(t)]
+    state.broadcast_state(backend, named, root_rank, what="model")   # in place: state_dict shares storage
     if optimizer is None:
         return
-    state = optimizer.state_dict() if hvd.rank() == root_rank else None
-    state = hvd.broadcast_object(to_cpu(state), root_rank=root_rank, name="hvdkit.optimizer_state")
-    if hvd.rank() != root_rank:
-        optimizer.load_state_dict(state)
+    rank = current().rank
+    opt_state = optimizer.state_dict() if rank == root_rank else None
+    opt_state = backend.broadcast_object(to_cpu(opt_state), root_rank, name="hvdkit.optimizer_state")
+    if rank != root_rank:
+        optimizer.load_state_dict(opt_state)
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:

@@ -144,6 +144,20 @@ def test_checkpoint_directory_keeps_last_and_falls_back_past_a_damaged_newest(la
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_checkpoints_load_by_name_and_name_what_does_not_match(launch, mode):
+    results = launch(2, "keras_checkpoints.py", "--mode", mode, "--task", "by_name")
+    assert [r["size"] for r in results] == [2, 2]
+    for r in results:
+        assert r["same_architecture"] is None, "Keras's per-process layer numbering must not matter"
+        assert r["values"] == [3.0]
+        assert r["wider"].startswith("CheckpointError: ") and "'model/dense/kernel' is (4, 4) there but (5, 5) here" \
+            in r["wider"], r["wider"]
+        assert "missing ['model/dense_2/kernel', 'model/dense_2/bias']" in r["deeper"], r["deeper"]
+        assert r["broadcast"].startswith("StateMismatchError: rank 1's model differs from rank 0's "
+                                         "('model/dense/kernel' is (5, 5)"), r["broadcast"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
     ckpt = tmp_path / "model.npz"
     cmd = horovodrun_cmd(1, [str(WORKERS / "keras_checkpoints.py"), "--out", str(tmp_path), "--mode", mode,

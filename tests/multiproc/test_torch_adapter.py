@@ -26,6 +26,15 @@ def test_broadcast_state_makes_ranks_bitwise_identical(launch, optimizer, state)
     assert r0["optimizer_state_len"] == (0 if state == "empty" else 6)   # SmallNet has 6 parameter tensors
 
 
+def test_broadcast_of_differently_built_models_raises_on_every_rank(launch):
+    # Without the name check, rank 0 would wait for a broadcast of "extra" that never pairs.
+    r0, r1 = launch(2, "torch_broadcast.py", "--optimizer", "sgd", "--state", "empty", "--mismatch")
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["error"].startswith("StateMismatchError: rank 1's model differs from rank 0's ('extra' is only "
+                                     "there)"), r["error"]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_two_ranks_equal_one_process_on_the_combined_batch(launch, optimizer, micro_batches):

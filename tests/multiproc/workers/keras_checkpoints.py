@@ -1,5 +1,5 @@
-"""Worker: hvdkit.keras checkpoint directories (keep-last, fallback past a damaged newest), and a save
-that the test kills mid-write (--task slow_save loops until killed)."""
+"""Worker: hvdkit.keras checkpoint directories (keep-last, fallback past a damaged newest), a save
+that the test kills mid-write (--task slow_save loops until killed), and loading by name (--task by_name)."""
 
 import argparse
 import logging
@@ -12,7 +12,7 @@ from rank_results import write_result
 import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
-p.add_argument("--task", choices=["save_dir", "load_dir", "slow_save"], required=True)
+p.add_argument("--task", choices=["save_dir", "load_dir", "slow_save", "by_name"], required=True)
 p.add_argument("--ckpt", help="slow_save: the checkpoint file")
 args = parse_args(p)
 
@@ -49,6 +49,25 @@ elif args.task == "load_dir":
     result["extra"] = hk.load_checkpoint(ckpt_dir, model)
     result["values"] = sorted({float(x) for w in model.get_weights() for x in np.ravel(w)})
     result["warnings"] = warnings
+elif args.task == "by_name":
+    def attempt(fn):
+        try:
+            fn()
+            return None
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            return f"{type(exc).__name__}: {exc}"
+
+    path = os.path.join(args.out, "named.npz")
+    saved = build(4, layers=2)
+    fill(saved, 3.0)
+    hk.save_checkpoint(path, saved, epoch=1)
+    again = build(4, layers=2)            # the same architecture; Keras named its layers dense_2, dense_3
+    result["same_architecture"] = attempt(lambda: hk.load_checkpoint(path, again))
+    result["values"] = sorted({float(x) for w in again.get_weights() for x in np.ravel(w)})
+    result["wider"] = attempt(lambda: hk.load_checkpoint(path, build(5, layers=2)))
+    result["deeper"] = attempt(lambda: hk.load_checkpoint(path, build(4, layers=3)))
+    # broadcast_state when rank 1 built another model: an error on every rank, not a hang
+    result["broadcast"] = attempt(lambda: hk.broadcast_state(build(4 + ctx.rank)))
 else:
     small = build(4)
     fill(small, 1.5)

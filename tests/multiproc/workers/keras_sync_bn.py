@@ -20,7 +20,6 @@ from keras_common import parse_args
 from rank_results import write_result
 
 import hvdkit.keras as hk
-from hvdkit.keras.collectives import for_mode
 
 p = argparse.ArgumentParser()
 p.add_argument("--layer", choices=["hvdkit", "horovod", "plain"], required=True)
@@ -94,7 +93,7 @@ model, bn = build(distributed=True)
 ref, ref_bn = build(distributed=False)
 out, grads = forward_and_gradients(model, x_all[mine], y_all[mine])
 ref_out, ref_grads = forward_and_gradients(ref, x_all, y_all)
-every_rank = for_mode(ctx.backend).hvd.allgather_object(grads, name="grads")
+every_rank = hk.hvd.allgather_object(grads, name="grads")
 mean_grads = [np.mean([rank_grads[i] for rank_grads in every_rank], axis=0) for i in range(len(grads))]
 
 result = {

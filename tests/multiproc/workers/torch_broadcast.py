@@ -12,11 +12,14 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--state", choices=["empty", "stepped"], required=True)
+p.add_argument("--mismatch", action="store_true", help="rank 1's model has one more buffer")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
 torch.manual_seed(100 + ctx.rank)                  # different weights on every rank
 model = SmallNet()
+if args.mismatch and ctx.rank == 1:
+    model.register_buffer("extra", torch.zeros(3))
 model.train()
 model(torch.randn(8, 1, 8, 8) * (ctx.rank + 1))    # different BatchNorm running stats too
 optimizer = make_optimizer(args.optimizer, model.parameters())
@@ -27,6 +30,14 @@ if args.state == "stepped":                        # a local (unwrapped) step: r
 optimizer.param_groups[0]["lr"] *= ctx.rank + 1   # even hyper-parameters differ
 before = tensor_digest(model.state_dict().values())
 optimizer = hk.DistributedOptimizer(optimizer, model)
+if args.mismatch:
+    try:
+        hk.broadcast_state(model, optimizer)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        error = f"{type(exc).__name__}: {exc}"
+    write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error})
+    raise SystemExit(0)
 hk.broadcast_state(model, optimizer)
 write_result(args.out, ctx.rank, {
     "rank": ctx.rank, "size": ctx.size,

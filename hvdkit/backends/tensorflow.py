@@ -1,0 +1,84 @@
+"""The TensorFlow backend: ``horovod.tensorflow`` collectives, GPU pinning and seeds (Keras 3 on TF, tf-keras).
+
+Example::
+
+    backend = TensorFlowBackend()
+    backend.allreduce_floats([loss, accuracy], "average", name="hvdkit.metrics.0")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from hvdkit.backends import import_horovod
+from hvdkit.core import cuda_driver
+from hvdkit.core.backend import Backend
+from hvdkit.core.topology import GPUView, pin_gpu
+
+hvd = import_horovod("horovod.tensorflow", "hvdkit.keras")
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+    framework = "TensorFlow"
+    hvd = hvd
+
+    def has_gpu(self) -> bool:
+        return bool(tf.config.list_physical_devices("GPU"))
+
+    def cuda_build(self) -> str | None:
+        info = tf.sysconfig.get_build_info()
+        return info.get("cuda_version") if info.get("is_cuda_build") else None
+
+    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None):
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)))
+
+            def pin(index: int) -> None:
+                tf.config.experimental.set_memory_growth(gpus[index], True)
+                tf.config.set_visible_devices(gpus[index], "GPU")
+
+            def gather(obj):
+                # On the CPU: NCCL would stop at two ranks on one GPU before the check could name them.
+                with tf.device("/CPU:0"):
+                    return self.allgather_object(obj, name="hvdkit.gpus")
+
+            # Pin first: Horovod's TensorFlow collectives start TensorFlow's runtime, which fixes the visible GPUs.
+            return pin_gpu(view, gather, pin, pin_first=True), "/GPU:0"   # the only GPU TensorFlow now sees
+        if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
+            # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+            except RuntimeError:
+                pass
+        return None, "/CPU:0"
+
+    def seed(self, value: int) -> None:
+        tf.random.set_seed(value)
+
+    def allreduce_floats(self, values: Sequence[float], op: str, name: str) -> list[float]:
+        tensor = tf.constant(list(values), dtype=tf.float64)
+        return hvd.allreduce(tensor, op=self.reduce_op(op), name=name).numpy().tolist()
+
+    def broadcast_tensors(self, named: Sequence[tuple[str, tf.Tensor]], root_rank: int) -> list[tf.Tensor]:
+        return [hvd.broadcast(t, root_rank, name=f"hvdkit.bcast.{n}") for n, t in named]
+
+    def collective_failure(self, exc: BaseException) -> bool:
+        # Horovod's TensorFlow decorator only recognises failures of its plain allreduce/allgather/
+        # broadcast ops; hvdkit's Keras optimizer uses the grouped allreduce, whose failure
+        # TensorFlow raises as its own error type naming Horovod.
+        return type(exc).__module__.startswith("tensorflow") and "Horovod" in str(exc)
+
+
+def _gpu_uuids(count: int) -> list[str | None]:
+    """The UUIDs of TensorFlow's ``GPU:0..count-1``, from the CUDA driver library (TensorFlow has no UUID API).
+
+    None for each where the library cannot say or counts differently from
+    TensorFlow; :attr:`hvdkit.core.topology.GPUView.gpus` then falls back to
+    the CUDA_VISIBLE_DEVICES entries.
+    """
+    uuids = cuda_driver.visible_gpu_uuids()
+    return uuids if uuids is not None and len(uuids) == count else [None] * count

@@ -1,0 +1,58 @@
+"""The torch backend: ``horovod.torch`` collectives, CUDA pinning and seeds for torch tensors.
+
+Example::
+
+    backend = TorchBackend()
+    backend.allreduce_floats([correct, seen], "sum", name="eval")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hvdkit.backends import import_horovod
+from hvdkit.core import cuda_driver
+from hvdkit.core.backend import Backend
+from hvdkit.core.topology import GPUView, pin_gpu
+
+hvd = import_horovod("horovod.torch", "hvdkit")
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    framework = "torch"
+    hvd = hvd
+
+    def has_gpu(self) -> bool:
+        return torch.cuda.is_available()
+
+    def cuda_build(self) -> str | None:
+        return torch.version.cuda
+
+    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None):
+        if torch.cuda.is_available():
+            # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
+            view = GPUView.here(rank, local_rank, local_size, cuda_driver.torch_gpu_uuids(torch))
+            gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
+            return gpu, torch.device("cuda", gpu)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return None, torch.device("cpu")
+
+    def seed(self, value: int) -> None:
+        torch.manual_seed(value)
+
+    def allreduce_floats(self, values: Sequence[float], op: str, name: str) -> list[float]:
+        tensor = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
+        return hvd.allreduce(tensor, op=self.reduce_op(op), name=name).tolist()
+
+    def broadcast_tensors(self, named: Sequence[tuple[str, torch.Tensor]], root_rank: int) -> list[torch.Tensor]:
+        # In place and asynchronous, as Horovod's broadcast_parameters: every broadcast is
+        # queued before the first wait, so Horovod can fuse them.
+        with torch.no_grad():
+            handles = [hvd.broadcast_async_(t, root_rank, name=f"hvdkit.bcast.{n}") for n, t in named]
+            for handle in handles:
+                hvd.synchronize(handle)
+        return [t for _, t in named]

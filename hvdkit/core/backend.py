@@ -1,0 +1,113 @@
+"""The small protocol through which the framework-neutral core drives one framework's Horovod binding.
+
+As in Horovod's own elastic core (which takes the framework's collectives
+as parameters), everything both adapters do the same way is written once in
+the core against this interface: the context and ``init``
+(:mod:`hvdkit.core.context`), the preemption agreement
+(:mod:`hvdkit.core.preemption`), metric averaging, checkpoint reads
+(:mod:`hvdkit.core.checkpoint_files`) and elastic bookkeeping
+(:mod:`hvdkit.core.elastic`). Each framework implements it once, in
+:mod:`hvdkit.backends`: ``torch`` (``horovod.torch``; used by
+:mod:`hvdkit.torch` and by Keras 3 on PyTorch) and ``tensorflow``
+(``horovod.tensorflow``; Keras 3 on TensorFlow and tf-keras).
+
+Example::
+
+    backend = hvdkit.backends.torch.TorchBackend()
+    ctx = hvdkit.core.context.init(backend, mode="torch")
+    backend.allreduce_floats([loss], "average", name="loss")   # the mean over ranks
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+# The op and compression names hvdkit's API takes (see hvdkit.core.lr.reduce_options),
+# and the attribute of a Horovod framework module each one is.
+OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum", "min": "Min", "max": "Max"}
+COMPRESSIONS = {"none": "none", "fp16": "fp16"}
+
+
+class Backend(ABC):
+    """One framework's Horovod module, seen through what the core needs.
+
+    ``name`` is the framework (``"torch"`` or ``"tensorflow"``), ``framework``
+    its name in messages, ``hvd`` the Horovod module (``horovod.torch`` or
+    ``horovod.tensorflow``). Topology (``hvd.rank()``...), object broadcast and
+    allgather, the op and compression maps and the elastic reset are the same
+    for both and written here; tensors, devices and seeds are not.
+    """
+
+    name: str
+    framework: str
+    hvd: Any
+
+    # -- written once for both --------------------------------------------------------
+    def reduce_op(self, op: str):
+        """Horovod's op object for one of :data:`OPS`' names (e.g. ``"average"`` -> ``hvd.Average``)."""
+        return getattr(self.hvd, OPS[op])
+
+    def compression(self, name: str):
+        return getattr(self.hvd.Compression, COMPRESSIONS[name])
+
+    def topology(self) -> dict[str, int]:
+        """rank, size, local and cross ranks and sizes, as Horovod reports them now."""
+        h = self.hvd
+        return {"rank": h.rank(), "size": h.size(), "local_rank": h.local_rank(), "local_size": h.local_size(),
+                "cross_rank": h.cross_rank(), "cross_size": h.cross_size()}
+
+    def broadcast_object(self, obj, root_rank: int, name: str):
+        """A picklable object from ``root_rank`` to every rank."""
+        return self.hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+    def allgather_object(self, obj, name: str) -> list:
+        """Every rank's picklable object, in rank order."""
+        return self.hvd.allgather_object(obj, name=name)
+
+    def reset(self) -> None:
+        """What an elastic reset does to the Horovod runtime: shut down, then join the new world."""
+        self.hvd.shutdown()
+        self.hvd.init()
+
+    def collective_failure(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a failed Horovod collective that an elastic job survives by a reset.
+
+        Horovod raises ``HorovodInternalError`` itself for the plain ops; a
+        backend adds what its framework raises instead (TensorFlow wraps
+        the grouped allreduce's failure in its own error type).
+        """
+        return False
+
+    # -- one per framework --------------------------------------------------------------
+    @abstractmethod
+    def has_gpu(self) -> bool:
+        """Whether the framework can use a GPU on this host."""
+
+    @abstractmethod
+    def cuda_build(self) -> str | None:
+        """The CUDA version the framework was built for; None for a CPU-only build."""
+
+    @abstractmethod
+    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None) -> tuple[int | None, Any]:
+        """Pin this rank's GPU (via :func:`hvdkit.core.topology.pin_gpu`) or set CPU threads.
+
+        Returns the GPU index (None on CPU) and the device in the framework's type.
+        """
+
+    @abstractmethod
+    def seed(self, value: int) -> None:
+        """Seed the framework's own generators (the core seeds Python's and numpy's)."""
+
+    @abstractmethod
+    def allreduce_floats(self, values: Sequence[float], op: str, name: str) -> list[float]:
+        """Reduce a short list of Python floats over ranks (float64), e.g. metrics or a flag."""
+
+    @abstractmethod
+    def broadcast_tensors(self, named: Sequence[tuple[str, Any]], root_rank: int) -> list:
+        """``root_rank``'s value of each named tensor, in order; every rank passes the same names.
+
+        torch tensors are overwritten in place (and returned); TensorFlow's
+        are immutable, so the caller assigns the returned values.
+        """

@@ -1,0 +1,129 @@
+"""Steps 1 and 2 for any framework: initialise Horovod, pin this process's device, seed it; written once.
+
+``hvdkit.torch.init()`` and ``hvdkit.keras.init()`` call :func:`init` with
+their backend (:mod:`hvdkit.backends`); what they return, and what
+:func:`current` gives back later, is the one :class:`Context` of this process.
+
+Example::
+
+    ctx = hvdkit.torch.init(seed=42)      # -> hvdkit.core.context.init(TorchBackend(), "torch", ...)
+    if ctx.is_main:
+        print(f"{ctx.size} processes on {ctx.cross_size} host(s), device {ctx.device}")
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from hvdkit.core import cuda_driver, slurm
+from hvdkit.core.backend import Backend
+from hvdkit.core.topology import Topology, cpu_threads_per_rank
+from hvdkit.core.tuning import apply_horovod_defaults
+
+
+@dataclass(frozen=True)
+class Context(Topology):
+    """Where this process sits in the job (see :class:`hvdkit.core.topology.Topology`), its mode and device.
+
+    ``backend`` is the adapter's mode: ``"torch"`` for :mod:`hvdkit.torch`;
+    ``"tensorflow"``, ``"torch"`` or ``"tf_keras"`` for :mod:`hvdkit.keras`.
+    ``device`` is in the framework's own type: a ``torch.device``, or a
+    TensorFlow device string (``"/GPU:0"``, ``"/CPU:0"``).
+    """
+
+    backend: str = "torch"
+    device: Any = None
+
+
+@dataclass
+class _Process:
+    backend: Backend
+    context: Context
+    adapter: str                                   # "hvdkit.torch" or "hvdkit.keras", for messages
+    seed_hook: Callable[[int], None] | None
+
+
+_process: _Process | None = None
+
+
+def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, threads: int | None = None,
+         seed_hook: Callable[[int], None] | None = None) -> Context:
+    """Initialise Horovod through ``backend``, pin this rank's own GPU (or share the CPU), then seed.
+
+    The GPU is the local rank's when every rank of the host sees all its
+    GPUs, else the first visible one (a launcher that gives each rank its
+    own); the ranks compare the GPUs' UUIDs first and raise
+    :class:`hvdkit.core.topology.NoGPUError` if two would share one, or if
+    the host has GPUs the framework cannot use (an old driver).
+    ``threads`` is the intra-op thread count on the CPU; by default the
+    host's cores are shared among its local ranks (unless OMP_NUM_THREADS is
+    set). ``seed_hook`` seeds what the adapter adds (Keras's own seed).
+    """
+    global _process
+    on_gpu = backend.has_gpu()
+    apply_horovod_defaults(on_gpu=on_gpu)  # measured (hvdkit.core.tuning); the environment wins
+    slurm.check_direct_launch(os.environ, mpi_built=bool(backend.hvd.mpi_built()))   # srun without PMIx: say the fix
+    cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
+    backend.hvd.init()
+    where = backend.topology()
+    if threads is None:
+        threads = cpu_threads_per_rank(where["local_size"])
+    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], threads)
+    _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
+    if seed is not None:
+        seed_everything(seed, rank=where["rank"])
+    return _process.context
+
+
+def _not_initialised(adapter: str) -> RuntimeError:
+    return RuntimeError(f"{adapter}.init() has not been called: call ctx = {adapter}.init() at the top of your "
+                        "script, before building the model")
+
+
+def current(adapter: str = "hvdkit.torch") -> Context:
+    """The context made by :func:`init`; a clear error naming ``adapter``'s init if it was not called."""
+    if _process is None or not _process.backend.hvd.is_initialized():
+        raise _not_initialised(_process.adapter if _process else adapter)
+    return _process.context
+
+
+def backend(adapter: str = "hvdkit.torch") -> Backend:
+    """The backend :func:`init` was given; a clear error if it was not called.
+
+    Unlike :func:`current` it does not ask Horovod whether it is running: an
+    elastic reset uses it between ``shutdown()`` and ``init()``.
+    """
+    if _process is None:
+        raise _not_initialised(adapter)
+    return _process.backend
+
+
+def refresh() -> Context:
+    """Re-read rank and size after Horovod re-initialised (an elastic reset); mode and device stay."""
+    if _process is None:
+        raise _not_initialised("hvdkit.torch")
+    _process.context = replace(_process.context, **_process.backend.topology())
+    return _process.context
+
+
+def seed_everything(seed: int, rank: int | None = None) -> int:
+    """Seed Python, numpy and the framework (and Keras) with ``seed + rank``; returns the seed used.
+
+    Ranks then draw different dropout masks, augmentations and shuffles;
+    the model still starts identical everywhere because ``broadcast_state``
+    copies rank 0's weights. Pass ``rank=0`` for the same stream on every rank.
+    """
+    ctx = current()
+    effective = seed + (ctx.rank if rank is None else rank)
+    random.seed(effective)
+    np.random.seed(effective % 2**32)
+    _process.backend.seed(effective)
+    if _process.seed_hook is not None:
+        _process.seed_hook(effective)
+    return effective
