@@ -167,8 +167,9 @@ def write_results(out: str, data: dict, title: str, table: str, plot: Callable[[
         plot(os.path.join(out, f"{kind}.png"), rows, title)
 
 
-def plot_plan(path: str, preds, assumptions: dict) -> None:
-    """Scaling efficiency against workers: ring-allreduce next to one parameter server (``hvdkit plan``)."""
+def plot_cost_model(path: str, preds, assumptions: dict) -> None:
+    """The cost model's scaling efficiency against workers: ring-allreduce next to one parameter server
+    (``hvdkit plan --plot``)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p.workers for p in preds]

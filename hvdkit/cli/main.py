@@ -7,11 +7,11 @@ import sys
 
 from hvdkit import __version__
 from hvdkit.cli import bench as bench_cmd
+from hvdkit.cli import costmodel as plan_cmd
 from hvdkit.cli import doctor as doctor_cmd
 from hvdkit.cli import env as env_cmd
 from hvdkit.cli import hosts as hosts_cmd
 from hvdkit.cli import launch as launch_cmd
-from hvdkit.cli import plan as plan_cmd
 from hvdkit.core.errors import UserError
 
 SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd, bench_cmd, plan_cmd)

@@ -1,10 +1,12 @@
-"""`hvdkit plan`: predict step time and scaling efficiency before renting the GPUs.
+"""`hvdkit plan`: the cost model's step time and scaling efficiency, before renting the GPUs.
 
     hvdkit plan --params 25.6M --compute-ms 250 --bandwidth 12.5 --latency 10 --gpus 16,512
     hvdkit plan --calibrate bench-results --model resnet50     # B and latency (and compute) from hvdkit bench
 
-The model (see hvdkit.core.plan): ring 2(N-1)/N*K/B + 2(N-1)*latency against a
-parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+The cost model (see hvdkit.core.costmodel): ring 2(N-1)/N*K/B + 2(N-1)*latency
+against a parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+The command keeps the name users know; it plans capacity, not a launch (that
+is ``hvdkit launch``'s :func:`hvdkit.core.launch.plan_launch`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import argparse
 import json
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
-from hvdkit.bench.report import plot_plan
+from hvdkit.bench.report import plot_cost_model
 from hvdkit.core.console import text_table
+from hvdkit.core.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 from hvdkit.core.errors import UserError
-from hvdkit.core.plan import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 from hvdkit.core.units import format_bytes, parse_count
 
 
@@ -37,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--impl", default="hvdkit", help="which implementation's bench rows to calibrate on")
     p.add_argument("--model", default="resnet50", help="train.json model to take compute and params from")
     p.add_argument("--plot", default=None, help="write a PNG of efficiency vs workers here")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     p.set_defaults(func=command)
     return p
 
@@ -62,11 +64,11 @@ def command(args: argparse.Namespace) -> int:
                    "bandwidth_GBps": net.bandwidth / 1e9, "latency_us": net.latency * 1e6, "overlap": args.overlap,
                    "notes": notes}
     if args.plot:
-        plot_plan(args.plot, preds, assumptions)
+        plot_cost_model(args.plot, preds, assumptions)
     if args.json:
         print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
         return 0
-    _print_plan(assumptions, preds, check)
+    _print_predictions(assumptions, preds, check)
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
@@ -103,8 +105,9 @@ def _calibrate(args: argparse.Namespace, params: float, compute_s: float | None,
     return net, params, compute_s, check
 
 
-def _print_plan(assumptions: dict, preds: list, check: dict | None) -> None:
-    """The plan as text: the assumptions, one row per worker count, and the check against bench train."""
+def _print_predictions(assumptions: dict, preds: list, check: dict | None) -> None:
+    """The cost model's answer as text: the assumptions, one row per worker count, and the check against
+    bench train."""
     a = assumptions
     print(f"model: {a['params'] / 1e6:.1f} M params, {format_bytes(a['grad_bytes'])} of gradients per step; "
           f"compute {a['compute_ms']:.1f} ms/step; overlap {a['overlap']:.0%}")
