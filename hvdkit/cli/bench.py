@@ -20,7 +20,14 @@ from hvdkit.bench import report
 from hvdkit.bench.catalog import MODELS, implementations
 from hvdkit.bench.runner import AllreduceBench, TrainBench, plan_allreduce, plan_train, run_launches
 from hvdkit.bench.train_report import plot_train, train_rows, train_table
-from hvdkit.cli.args import add_host_arguments, add_ssh_arguments, hosts_given, spec_from_args, target_from_args
+from hvdkit.cli.args import (
+    add_host_arguments,
+    add_np_argument,
+    add_ssh_arguments,
+    hosts_given,
+    spec_from_args,
+    target_from_args,
+)
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags, LaunchTarget
@@ -123,7 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion",
                           epilog=_implementations_epilog("allreduce"),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    ar.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="processes (default %(default)s)")
+    add_np_argument(ar, default=2, help="processes (default %(default)s)")
     ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default "
                                                        "%(default)s)")
     ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size in each launch (median taken)")
