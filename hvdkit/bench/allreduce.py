@@ -1,18 +1,11 @@
 """Allreduce benchmark worker: one implementation per launch, results from rank 0.
 
 Launched by ``hvdkit bench allreduce`` (see :mod:`hvdkit.bench.runner`) as
-``python -m hvdkit.bench.allreduce --impl NAME``. Implementations:
-
-- ``hvdkit``: ``hvdkit.torch.init()`` then the call DistributedOptimizer makes
-  for each gradient (in-place ``allreduce_async_``, average), launched the way
-  ``hvdkit launch`` would launch it;
-- ``horovod-mpi`` / ``horovod-gloo``: the same call after a plain ``hvd.init()``,
-  under ``horovodrun --mpi`` / ``--gloo`` with Horovod's defaults;
-- ``torch``: ``torch.distributed.all_reduce`` (Gloo on CPU, NCCL on GPU);
-- ``mpi4py``: ``MPI.COMM_WORLD.Allreduce`` in place, the raw-MPI reference (host memory);
-- ``mpi4py-avg``: the same sum, then one in-place scale by 1/size: the least any
-  averaging allreduce must do, so the gap between it and ``mpi4py`` is the cost
-  of averaging itself, and the gap from ``hvdkit`` to it is Horovod's own.
+``python -m hvdkit.bench.allreduce --impl NAME``. The implementations are
+those of :data:`hvdkit.bench.catalog.CATALOG` for this bench; each one's
+framework picks the :class:`Comm` below. The gap between ``mpi4py-avg`` (raw
+MPI's sum, then one scale by 1/size) and ``mpi4py`` is the cost of averaging
+itself, and the gap from ``hvdkit`` to ``mpi4py-avg`` is Horovod's own.
 
 Cases: a message-size ``sweep``, and ResNet-50's 161 parameter tensors
 allreduced together (``resnet50-many``) next to one tensor of the same total
@@ -28,7 +21,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from hvdkit.bench.catalog import ALLREDUCE_IMPLS
+from hvdkit.bench.catalog import Implementation, implementation, implementations
 from hvdkit.bench.models import resnet50_shapes
 from hvdkit.bench.results import emit, launcher_world, machine
 
@@ -59,8 +52,10 @@ class Comm(ABC):
 
 
 class HorovodComm(Comm):
-    def __init__(self, name: str):
-        if name == "hvdkit":
+    """Horovod's in-place allreduce_async_: after hvdkit.torch.init() (framework "hvdkit") or a plain hvd.init()."""
+
+    def __init__(self, impl: Implementation):
+        if impl.framework == "hvdkit":
             import hvdkit.torch as hk
 
             ctx = hk.init()
@@ -74,7 +69,7 @@ class HorovodComm(Comm):
             if torch.cuda.is_available():
                 torch.cuda.set_device(hvd.local_rank())
                 self.device = torch.device("cuda", hvd.local_rank())
-        self.hvd, self.name, self.rank, self.size = hvd, name, hvd.rank(), hvd.size()
+        self.hvd, self.name, self.rank, self.size = hvd, impl.name, hvd.rank(), hvd.size()
         self.controller = "mpi" if hvd.mpi_enabled() and not hvd.gloo_enabled() else "gloo"
 
     def allreduce(self, tensors):
@@ -94,7 +89,7 @@ class HorovodComm(Comm):
 class TorchComm(Comm):
     """torch.distributed with rendezvous at MASTER_ADDR:MASTER_PORT (set by the runner)."""
 
-    def __init__(self):
+    def __init__(self, impl: Implementation):
         import torch.distributed as dist
 
         env = os.environ
@@ -123,11 +118,10 @@ class TorchComm(Comm):
 class MpiComm(Comm):
     """Raw MPI: a sum in place; with ``average``, then one in-place scale (what averaging costs at least)."""
 
-    def __init__(self, average: bool = False):
+    def __init__(self, impl: Implementation):
         from mpi4py import MPI
 
-        self.MPI, self.comm, self.average = MPI, MPI.COMM_WORLD, average
-        self.name = "mpi4py-avg" if average else "mpi4py"
+        self.MPI, self.comm, self.average, self.name = MPI, MPI.COMM_WORLD, impl.average, impl.name
         self.rank, self.size, self.controller = self.comm.rank, self.comm.size, "mpi"
 
     def allreduce(self, tensors):
@@ -143,14 +137,11 @@ class MpiComm(Comm):
         self.MPI.Finalize()
 
 
-def make_comm(name: str) -> Comm:
-    if name in ("hvdkit", "horovod-mpi", "horovod-gloo"):
-        return HorovodComm(name)
-    if name == "torch":
-        return TorchComm()
-    if name in ("mpi4py", "mpi4py-avg"):
-        return MpiComm(average=name == "mpi4py-avg")
-    raise SystemExit(f"unknown implementation {name!r}: use one of {', '.join(ALLREDUCE_IMPLS)}")
+COMMS = {"hvdkit": HorovodComm, "horovod": HorovodComm, "torch.distributed": TorchComm, "mpi4py": MpiComm}
+
+
+def make_comm(impl: Implementation) -> Comm:
+    return COMMS[impl.framework](impl)
 
 
 def timed(comm: Comm, tensors: list[torch.Tensor], iters: int, repeats: int) -> list[float]:
@@ -195,12 +186,12 @@ def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="allreduce benchmark worker (run by hvdkit bench allreduce)")
-    p.add_argument("--impl", required=True, choices=ALLREDUCE_IMPLS)
+    p.add_argument("--impl", required=True, choices=[i.name for i in implementations("allreduce")])
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-resnet", action="store_true")
     args = p.parse_args(argv)
-    comm = make_comm(args.impl)
+    comm = make_comm(implementation("allreduce", args.impl))
     rows = run(comm, [int(s) for s in args.sizes.split(",") if s], args.repeats, not args.no_resnet)
     if comm.rank == 0:
         emit({"impl": args.impl, "label": comm.name, "controller": comm.controller, "np": comm.size,

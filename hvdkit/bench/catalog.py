@@ -1,15 +1,89 @@
-"""What the benchmarks can run: implementation and model names, and each implementation's controller.
+"""What the benchmarks can run: one table of implementations, and the model names.
 
-One list each, read by the workers (argparse choices), the runner (how to
-launch) and the CLI (defaults and --help), without importing torch.
+Every place that picks an implementation reads this table: the CLI (defaults,
+--help and unknown names), the runner (how to launch each, which to skip) and
+the workers (what to call). It imports no torch, so the CLI stays fast.
+
+Example::
+
+    impl = implementation("allreduce", "torch")
+    impl.controller, impl.framework          # ('gloo', 'torch.distributed')
+    [i.name for i in implementations("train")]   # ['hvdkit', 'horovod', 'ddp']
 """
 
-ALLREDUCE_IMPLS = ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py", "mpi4py-avg")
-TRAIN_IMPLS = ("hvdkit", "horovod", "ddp")
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hvdkit.core.errors import UserError
+
 MODELS = ("mnist", "resnet50")
 
-# Which controller each implementation's processes are launched with. hvdkit
-# gets "auto", i.e. whatever `hvdkit launch` would pick; so does "horovod-auto",
-# which stands for plain horovodrun (it too prefers MPI when it is there).
-CONTROLLER = {"hvdkit": "auto", "horovod-auto": "auto", "horovod-mpi": "mpi", "horovod-gloo": "gloo",
-              "torch": "gloo", "mpi4py": "mpi", "mpi4py-avg": "mpi"}
+
+@dataclass(frozen=True)
+class Implementation:
+    """One way of doing a benchmark's allreduces: how its processes start, and what its worker calls."""
+
+    name: str
+    bench: str                  # the worker that runs it: "allreduce" or "train"
+    framework: str              # what the worker calls: "hvdkit", "horovod", "torch.distributed" or "mpi4py"
+    description: str
+    # horovodrun's controller: "auto" is whatever `hvdkit launch` would pick
+    # (horovodrun too prefers MPI when Horovod has it); None: started by torchrun.
+    controller: str | None = "auto"
+    average: bool = True        # mpi4py: scale the sum by 1/size after the allreduce
+    reference: bool = False     # the allreduce table gives hvdkit's bandwidth as a share of this one's
+
+    @property
+    def torchrun(self) -> bool:
+        """Started by ``torchrun --standalone``, so on this host only."""
+        return self.controller is None
+
+
+CATALOG = (
+    Implementation("hvdkit", "allreduce", "hvdkit",
+                   "hvdkit.torch.init(), then DistributedOptimizer's in-place allreduce_async_ per gradient, "
+                   "launched as hvdkit launch would"),
+    Implementation("horovod-mpi", "allreduce", "horovod",
+                   "the same call after a plain hvd.init(), under horovodrun --mpi with Horovod's defaults",
+                   controller="mpi"),
+    Implementation("horovod-gloo", "allreduce", "horovod", "the same under horovodrun --gloo", controller="gloo"),
+    Implementation("torch", "allreduce", "torch.distributed",
+                   "torch.distributed.all_reduce (Gloo on CPU, NCCL on GPU), rendezvous at MASTER_ADDR:MASTER_PORT",
+                   controller="gloo"),
+    Implementation("mpi4py", "allreduce", "mpi4py", "MPI.COMM_WORLD.Allreduce in place: raw MPI's sum",
+                   controller="mpi", average=False, reference=True),
+    Implementation("mpi4py-avg", "allreduce", "mpi4py",
+                   "the same sum, then one in-place scale by 1/size: the least any averaging allreduce does",
+                   controller="mpi", reference=True),
+    Implementation("hvdkit", "train", "hvdkit",
+                   "the hvdkit.torch recipe: init, distributed_loader, DistributedOptimizer, broadcast_state"),
+    Implementation("horovod", "train", "horovod",
+                   "the same model by hand, as Horovod's pytorch_mnist example (hvd calls, DistributedSampler)"),
+    Implementation("ddp", "train", "torch.distributed",
+                   "DistributedDataParallel under torchrun (Gloo on CPU, NCCL on GPU); this host only",
+                   controller=None),
+)
+
+
+def implementations(bench: str, names: Iterable[str] | None = None) -> tuple[Implementation, ...]:
+    """``bench``'s implementations called ``names`` (all of them when None), in the order given."""
+    table = {i.name: i for i in CATALOG if i.bench == bench}
+    if names is None:
+        return tuple(table.values())
+    for name in names:
+        if name not in table:
+            raise UserError(f"unknown implementation {name!r} for bench {bench}: use some of {', '.join(table)}")
+    return tuple(table[name] for name in names)
+
+
+def implementation(bench: str, name: str) -> Implementation:
+    """``bench``'s implementation called ``name``."""
+    return implementations(bench, [name])[0]
+
+
+def check_models(names: Iterable[str]) -> None:
+    for name in names:
+        if name not in MODELS:
+            raise UserError(f"model {name!r} is unknown: use {' or '.join(MODELS)}")

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from hvdkit.bench.catalog import implementations
 from hvdkit.core.console import text_table
 from hvdkit.core.units import format_bytes
 
@@ -51,8 +52,10 @@ def allreduce_rows(payloads: list[dict]) -> list[dict]:
     return rows
 
 
-def allreduce_table(rows: list[dict], references: tuple[str, ...] = ("mpi4py", "mpi4py-avg"),
-                    subject: str = "hvdkit") -> str:
+REFERENCES = tuple(i.name for i in implementations("allreduce") if i.reference)
+
+
+def allreduce_table(rows: list[dict], references: tuple[str, ...] = REFERENCES, subject: str = "hvdkit") -> str:
     """Bus bandwidth per size and implementation, plus subject/reference for each reference that ran.
 
     Two references by default: raw MPI's sum, and that sum followed by one
@@ -167,8 +170,9 @@ def write_results(out: str, data: dict, title: str, table: str, plot: Callable[[
         plot(os.path.join(out, f"{kind}.png"), rows, title)
 
 
-def plot_plan(path: str, preds, assumptions: dict) -> None:
-    """Scaling efficiency against workers: ring-allreduce next to one parameter server (``hvdkit plan``)."""
+def plot_cost_model(path: str, preds, assumptions: dict) -> None:
+    """The cost model's scaling efficiency against workers: ring-allreduce next to one parameter server
+    (``hvdkit plan --plot``)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p.workers for p in preds]

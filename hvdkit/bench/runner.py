@@ -14,30 +14,16 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hvdkit.bench.catalog import CONTROLLER, MODELS, TRAIN_IMPLS
+from hvdkit.bench.catalog import MODELS, Implementation, check_models, implementations
 from hvdkit.bench.results import collect
 from hvdkit.core.console import progress
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import LOCAL_NAMES, HostSpec
-from hvdkit.core.launch import BuildFlags, LaunchConfig, plan_launch
-from hvdkit.core.remote import horovodrun_path
+from hvdkit.core.hosts import LOCAL_NAMES
+from hvdkit.core.launch import BuildFlags, LaunchTarget, plan_launch
 from hvdkit.core.topology import share_of_cores
-
-
-@dataclass(frozen=True)
-class BenchTarget:
-    """Where every implementation runs: the same processes and hosts for all."""
-
-    np: int
-    hosts: HostSpec
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    network_interface: str | None = None
-    python: str = sys.executable
 
 
 @dataclass(frozen=True)
@@ -51,7 +37,11 @@ class BenchLaunch:
         return f"{prefix} {shlex.join(self.argv)}".strip()
 
 
-def _master_address(target: BenchTarget) -> str:
+def _loopback_only(target: LaunchTarget) -> bool:
+    return all(h.name in LOCAL_NAMES for h in target.hosts.hosts)
+
+
+def _master_address(target: LaunchTarget) -> str:
     first = target.hosts.hosts[0].name
     return "127.0.0.1" if first in LOCAL_NAMES else first
 
@@ -62,47 +52,50 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def plan_horovodrun(impl: str, target: BenchTarget, build: BuildFlags, worker_argv: tuple[str, ...],
+def plan_horovodrun(impl: Implementation, target: LaunchTarget, build: BuildFlags, worker_argv: tuple[str, ...],
                     port: int | None = None) -> BenchLaunch:
     """The horovodrun command that runs ``worker_argv`` for ``impl`` (pure apart from ``port``)."""
-    cfg = LaunchConfig(np=target.np, hosts=target.hosts, command=(target.python, *worker_argv),
-                       controller=CONTROLLER[impl], ssh_port=target.ssh_port,
-                       ssh_identity_file=target.ssh_identity_file, network_interface=target.network_interface,
-                       horovodrun=horovodrun_path(target.python))
-    plan = plan_launch(cfg, build)
+    plan = plan_launch(target.launch_config((target.python, *worker_argv), impl.controller), build)
     env = {}
-    if impl == "torch":
-        local = all(h.name in LOCAL_NAMES for h in target.hosts.hosts)
-        env = {"MASTER_ADDR": _master_address(target),
-               "MASTER_PORT": str(port or (_free_port() if local else random.randint(29500, 29999)))}
+    if impl.framework == "torch.distributed":
+        # horovodrun only starts the processes: torch.distributed meets at an address of its own.
+        port = port or (_free_port() if _loopback_only(target) else random.randint(29500, 29999))
+        env = {"MASTER_ADDR": _master_address(target), "MASTER_PORT": str(port)}
         if target.network_interface:
             env["GLOO_SOCKET_IFNAME"] = target.network_interface
-    return BenchLaunch(impl, plan.argv, env)
+    return BenchLaunch(impl.name, plan.argv, env)
 
 
-def available(impls: list[str], build: BuildFlags) -> tuple[list[str], dict[str, str]]:
+def available(impls: Iterable[Implementation], build: BuildFlags) -> tuple[list[Implementation], dict[str, str]]:
     """The implementations this Horovod build can run, and why the others cannot."""
     keep, skipped = [], {}
     for impl in impls:
-        controller = CONTROLLER.get(impl)
-        if controller is None:
-            raise UserError(f"unknown implementation {impl!r}: use some of {', '.join(CONTROLLER)}")
-        if controller == "mpi" and not build.mpi:
-            skipped[impl] = "Horovod was built without MPI"
-        elif controller == "gloo" and not build.gloo:
-            skipped[impl] = "Horovod was built without Gloo"
+        if impl.controller == "mpi" and not build.mpi:
+            skipped[impl.name] = "Horovod was built without MPI"
+        elif impl.controller == "gloo" and not build.gloo:
+            skipped[impl.name] = "Horovod was built without Gloo"
         else:
             keep.append(impl)
     return keep, skipped
 
 
-def plan_allreduce(target: BenchTarget, build: BuildFlags, impls: list[str], sizes: list[int], repeats: int,
-                   resnet: bool = True) -> tuple[list[BenchLaunch], dict[str, str]]:
+@dataclass(frozen=True)
+class AllreduceBench:
+    """What ``hvdkit bench allreduce`` times: message sizes (bytes), and ResNet-50's tensors, per implementation."""
+
+    sizes: tuple[int, ...]
+    impls: tuple[Implementation, ...] = implementations("allreduce")
+    repeats: int = 5                     # timed repeats per size in one launch
+    resnet: bool = True
+
+
+def plan_allreduce(target: LaunchTarget, build: BuildFlags,
+                   bench: AllreduceBench) -> tuple[list[BenchLaunch], dict[str, str]]:
     """One launch of :mod:`hvdkit.bench.allreduce` per implementation this build can run; and the skipped ones."""
-    keep, skipped = available(impls, build)
-    worker = ("-m", "hvdkit.bench.allreduce", "--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats),
-              *(() if resnet else ("--no-resnet",)))
-    return [plan_horovodrun(impl, target, build, (*worker, "--impl", impl)) for impl in keep], skipped
+    keep, skipped = available(bench.impls, build)
+    worker = ("-m", "hvdkit.bench.allreduce", "--sizes", ",".join(map(str, bench.sizes)),
+              "--repeats", str(bench.repeats), *(() if bench.resnet else ("--no-resnet",)))
+    return [plan_horovodrun(impl, target, build, (*worker, "--impl", impl.name)) for impl in keep], skipped
 
 
 @dataclass(frozen=True)
@@ -110,43 +103,39 @@ class TrainBench:
     """What ``hvdkit bench train`` times: each model under each implementation, at each process count."""
 
     models: tuple[str, ...] = MODELS
-    impls: tuple[str, ...] = TRAIN_IMPLS
+    impls: tuple[Implementation, ...] = implementations("train")
     batch_size: int | None = None        # per process; default mnist 32, resnet50 16
     steps: int = 30
     warmup: int = 6
     image_size: int = 64
 
+    def __post_init__(self):
+        check_models(self.models)
 
-def plan_train(targets: list[BenchTarget], build: BuildFlags, bench: TrainBench) -> tuple[list[BenchLaunch], dict]:
+
+def plan_train(targets: list[LaunchTarget], build: BuildFlags, bench: TrainBench) -> tuple[list[BenchLaunch], dict]:
     """Every (target, model, implementation) launch of :mod:`hvdkit.bench.train`, in run order; and the skipped."""
-    for name in bench.models:
-        if name not in MODELS:
-            raise UserError(f"model {name!r} is unknown: use {' or '.join(MODELS)}")
-    for impl in bench.impls:
-        if impl not in TRAIN_IMPLS:
-            raise UserError(f"implementation {impl!r} is unknown: use some of {', '.join(TRAIN_IMPLS)}")
-    launches, skipped = [], {}
+    impls, skipped = available(bench.impls, build)
+    launches = []
     for target in targets:
         # The same intra-op threads for every implementation: the host's cores
         # shared by its ranks (hvdkit's own default, made explicit so the
         # hand-written and DDP runs get it too).
         threads = {"OMP_NUM_THREADS": str(share_of_cores(min(target.np, target.hosts.hosts[0].slots)))}
-        local = all(h.name in LOCAL_NAMES for h in target.hosts.hosts)
         for model in bench.models:
             batch = bench.batch_size or (32 if model == "mnist" else 16)
             worker = ("-m", "hvdkit.bench.train", "--model", model, "--batch-size", str(batch),
                       "--steps", str(bench.steps), "--warmup", str(bench.warmup), "--image-size", str(bench.image_size))
-            for impl in bench.impls:
-                if impl == "ddp" and not local:
-                    skipped["ddp"] = "the torchrun comparison runs on this host only (-H localhost:N)"
-                elif impl == "ddp":
+            for impl in impls:
+                if impl.torchrun and not _loopback_only(target):
+                    skipped[impl.name] = "the torchrun comparison runs on this host only (-H localhost:N)"
+                elif impl.torchrun:
                     argv = (target.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                            str(target.np), "-m", *worker[1:], "--impl", "ddp")
-                    launches.append(BenchLaunch("ddp", argv, threads))
+                            str(target.np), *worker, "--impl", impl.name)
+                    launches.append(BenchLaunch(impl.name, argv, threads))
                 else:
-                    launch = plan_horovodrun("hvdkit" if impl == "hvdkit" else "horovod-auto", target, build,
-                                             (*worker, "--impl", impl))
-                    launches.append(BenchLaunch(impl, launch.argv, {**launch.env, **threads}))
+                    launch = plan_horovodrun(impl, target, build, (*worker, "--impl", impl.name))
+                    launches.append(BenchLaunch(impl.name, launch.argv, {**launch.env, **threads}))
     return launches, skipped
 
 

@@ -1,13 +1,10 @@
 """Training-step benchmark worker: one implementation per launch, results from rank 0.
 
-Launched by ``hvdkit bench train`` as ``python -m hvdkit.bench.train --impl NAME``:
-
-- ``hvdkit``: the hvdkit.torch recipe (init, distributed_loader, DistributedOptimizer, broadcast_state);
-- ``horovod``: the same model written by hand the way Horovod's own
-  pytorch_mnist example does it (plain hvd calls, DistributedSampler);
-- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` under ``torchrun`` (Gloo on CPU, NCCL on GPU).
-
-All three get the same OMP_NUM_THREADS from the runner.
+Launched by ``hvdkit bench train`` as ``python -m hvdkit.bench.train --impl NAME``,
+NAME one of this bench's implementations in :data:`hvdkit.bench.catalog.CATALOG`;
+its framework picks the :class:`Job` below (hvdkit: the hvdkit.torch recipe;
+horovod: the same model by hand, as Horovod's pytorch_mnist example; DDP under
+torchrun). All get the same OMP_NUM_THREADS from the runner.
 
 Every step is split into input wait (next batch), compute (forward and
 backward), allreduce (the gradient communication left after backward) and
@@ -29,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from hvdkit.bench.catalog import TRAIN_IMPLS
+from hvdkit.bench.catalog import implementation, implementations
 from hvdkit.bench.models import MODELS
 from hvdkit.bench.results import emit, launcher_world, machine
 
@@ -66,6 +63,10 @@ class Job(ABC):
     def setup(self, model, data):
         """Initialise the library; return the (wrapped) model, optimizer and this rank's loader."""
 
+    @abstractmethod
+    def close(self) -> None:
+        """Shut the library down on this rank."""
+
 
 class HvdkitJob(Job):
     def setup(self, model, data):
@@ -79,6 +80,9 @@ class HvdkitJob(Job):
         hk.broadcast_state(model, optimizer)
         loader = hk.distributed_loader(data, self.args.batch_size, shuffle=True, seed=0, drop_last=True)
         return model, optimizer, loader
+
+    def close(self) -> None:
+        """Nothing to do: Horovod shuts itself down when the process exits."""
 
 
 class HorovodJob(HvdkitJob):
@@ -125,6 +129,14 @@ class DdpJob(Job):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * self.size, momentum=0.9)
         sampler = DistributedSampler(data, num_replicas=self.size, rank=self.rank, shuffle=True, seed=0, drop_last=True)
         return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+JOBS = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "torch.distributed": DdpJob}
 
 
 def batches(loader):
@@ -183,20 +195,20 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="training-step benchmark worker (run by hvdkit bench train)")
-    p.add_argument("--impl", required=True, choices=TRAIN_IMPLS)
+    p.add_argument("--impl", required=True, choices=[i.name for i in implementations("train")])
     p.add_argument("--model", required=True, choices=sorted(MODELS))
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--image-size", type=int, default=64, help="resnet50 input side")
     args = p.parse_args(argv)
-    job = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "ddp": DdpJob}[args.impl](args)
+    job = JOBS[implementation("train", args.impl).framework](args)
     world = launcher_world()[1]
     torch.manual_seed(0)
     model = MODELS[args.model]()
     samples = (args.steps + args.warmup) * args.batch_size * world
     model, optimizer, loader = job.setup(model, dataset(args.model, samples, args.image_size))
-    if args.impl != "ddp":
+    if job.horovod_optimizer:
         job.controller = "mpi" if job.hvd.mpi_enabled() and not job.hvd.gloo_enabled() else "gloo"
     model.train()
     phases, local_backward = step_times(job, model, optimizer, loader, args.steps, args.warmup)
@@ -207,10 +219,7 @@ def main(argv: list[str] | None = None) -> None:
               "params": params, "grad_bytes": params * 4, "device": job.device.type, "machine": machine(),
               "phases_s": phases, "local_backward_s": local_backward,
               "threads": torch.get_num_threads()})
-    if args.impl == "ddp":
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    job.close()
 
 
 if __name__ == "__main__":

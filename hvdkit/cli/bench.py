@@ -14,15 +14,23 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 from hvdkit.bench import report
-from hvdkit.bench.catalog import ALLREDUCE_IMPLS, MODELS, TRAIN_IMPLS
-from hvdkit.bench.runner import BenchTarget, TrainBench, plan_allreduce, plan_train, run_launches
+from hvdkit.bench.catalog import MODELS, implementations
+from hvdkit.bench.runner import AllreduceBench, TrainBench, plan_allreduce, plan_train, run_launches
 from hvdkit.bench.train_report import plot_train, train_rows, train_table
-from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, spec_from_args
+from hvdkit.cli.args import (
+    add_host_arguments,
+    add_np_argument,
+    add_ssh_arguments,
+    hosts_given,
+    spec_from_args,
+    target_from_args,
+)
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
-from hvdkit.core.launch import BuildFlags
+from hvdkit.core.launch import BuildFlags, LaunchTarget
 from hvdkit.core.units import parse_byte_range
 
 
@@ -40,11 +48,62 @@ def _np_list(text: str) -> list[int]:
     return values
 
 
-def _target(args: argparse.Namespace, np: int) -> BenchTarget:
-    given = args.hosts or args.hostfile or args.slurm
-    hosts = spec_from_args(args) if given else parse_hosts_string(f"localhost:{np}")
-    return BenchTarget(np=np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-                       network_interface=args.network_interface)
+def _target(args: argparse.Namespace, np: int) -> LaunchTarget:
+    """``np`` processes on the hosts given, else on this machine (a Slurm allocation alone does not count)."""
+    hosts = spec_from_args(args) if hosts_given(args) else parse_hosts_string(f"localhost:{np}")
+    return target_from_args(args, np, hosts)
+
+
+@dataclass(frozen=True)
+class BenchOutput:
+    """Where the results go, and how long each launch may take; shared by both benchmarks."""
+
+    out: str = "bench-results"
+    timeout: float = 900
+    dry_run: bool = False
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchOutput:
+        return cls(out=args.out, timeout=args.timeout, dry_run=args.dry_run, json=args.json)
+
+
+@dataclass(frozen=True)
+class AllreduceConfig:
+    target: LaunchTarget
+    bench: AllreduceBench
+    rounds: int
+    output: BenchOutput
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AllreduceConfig:
+        if args.np < 1:
+            raise UserError(f"-np {args.np} is not a process count: use 1 or more")
+        if args.repeats < 1 or args.rounds < 1:
+            raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
+        bench = AllreduceBench(sizes=tuple(parse_byte_range(args.sizes)),
+                               impls=implementations("allreduce", _names(args.impls)), repeats=args.repeats,
+                               resnet=not args.no_resnet)
+        return cls(target=_target(args, args.np), bench=bench, rounds=args.rounds, output=BenchOutput.from_args(args))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    targets: tuple[LaunchTarget, ...]    # one per process count, the first the base of scaling efficiency
+    bench: TrainBench
+    repeats: int
+    output: BenchOutput
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        if args.repeats < 1:
+            raise UserError(f"--repeats {args.repeats}: use 1 or more")
+        np_list = _np_list(args.np_list)
+        bench = TrainBench(models=_names(args.models), impls=implementations("train", _names(args.impls)),
+                           batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                           image_size=args.image_size)
+        return cls(targets=tuple(_target(args, np) for np in np_list), bench=bench, repeats=args.repeats,
+                   output=BenchOutput.from_args(args))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -57,79 +116,88 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
 
 
+def _implementations_epilog(bench: str) -> str:
+    """The --impls names and what each runs, from the catalog, for the end of --help."""
+    return "implementations:\n" + "\n".join(f"  {i.name:<13} {i.description}" for i in implementations(bench))
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("bench", help="benchmark hvdkit against raw Horovod, torch.distributed and MPI",
                             description="Benchmarks run every implementation in turn on the same hosts and "
                                         "process count, and report them side by side.")
     kinds = parser.add_subparsers(dest="bench", metavar="KIND", required=True)
 
-    ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion")
-    ar.add_argument("-np", "--num-proc", dest="np", type=int, default=2, help="processes (default %(default)s)")
+    ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion",
+                          epilog=_implementations_epilog("allreduce"),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_np_argument(ar, default=2, help="processes (default %(default)s)")
     ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default "
                                                        "%(default)s)")
     ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size in each launch (median taken)")
     ar.add_argument("--rounds", type=int, default=3,
                     help="launches of every implementation, interleaved; the median over rounds is reported")
-    ar.add_argument("--impls", default=",".join(ALLREDUCE_IMPLS), help="comma-separated (default: all)")
+    ar.add_argument("--impls", default=",".join(i.name for i in implementations("allreduce")),
+                    help="comma-separated (default: all, listed below)")
     ar.add_argument("--no-resnet", action="store_true", help="skip the ResNet-50 many-tensors case")
     _common(ar)
-    ar.set_defaults(func=allreduce_command)
+    ar.set_defaults(config=AllreduceConfig.from_args, run=run)
 
-    tr = kinds.add_parser("train", help="training throughput and time split: hvdkit vs Horovod by hand vs torchrun+DDP")
+    tr = kinds.add_parser("train", help="training throughput and time split: hvdkit vs Horovod by hand vs torchrun+DDP",
+                          epilog=_implementations_epilog("train"), formatter_class=argparse.RawDescriptionHelpFormatter)
     tr.add_argument("-np", "--num-proc", dest="np_list", default="2",
                     help="process counts, e.g. 1,2 (scaling efficiency is reported against the first)")
     tr.add_argument("--models", default=",".join(MODELS),
                     help="mnist (the example's convnet), resnet50 (synthetic images)")
-    tr.add_argument("--impls", default=",".join(TRAIN_IMPLS), help="comma-separated (default: all)")
+    tr.add_argument("--impls", default=",".join(i.name for i in implementations("train")),
+                    help="comma-separated (default: all, listed below)")
     tr.add_argument("--batch-size", type=int, default=None, help="per process (default: mnist 32, resnet50 16)")
     tr.add_argument("--repeats", type=int, default=3, help="runs of each launch, interleaved; medians reported")
     tr.add_argument("--steps", type=int, default=30, help="timed steps per run (default %(default)s)")
     tr.add_argument("--warmup", type=int, default=6, help="untimed steps first (default %(default)s)")
     tr.add_argument("--image-size", type=int, default=64, help="resnet50 input side (default %(default)s)")
     _common(tr)
-    tr.set_defaults(func=train_command)
+    tr.set_defaults(config=TrainConfig.from_args, run=run)
     return parser
 
 
-def allreduce_command(args: argparse.Namespace) -> int:
-    if args.np < 1:
-        raise UserError(f"-np {args.np} is not a process count: use 1 or more")
-    if args.repeats < 1 or args.rounds < 1:
-        raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
-    target = _target(args, args.np)
-    launches, skipped = plan_allreduce(target, BuildFlags.detect(), list(_names(args.impls)),
-                                       parse_byte_range(args.sizes), args.repeats, resnet=not args.no_resnet)
-    if args.dry_run:
+def run(config: AllreduceConfig | TrainConfig) -> int:
+    """Plan every launch; print them (--dry-run), or run them in rounds and report."""
+    if isinstance(config, AllreduceConfig):
+        return _run_allreduce(config)
+    return _run_train(config)
+
+
+def _run_allreduce(config: AllreduceConfig) -> int:
+    target, output = config.target, config.output
+    launches, skipped = plan_allreduce(target, BuildFlags.detect(), config.bench)
+    if output.dry_run:
         return _print_launches(launches)
     started = time.time()
     # Rounds of every implementation in turn: on a shared machine the noise
     # comes in bursts of seconds, which would otherwise hit one implementation.
-    payloads, failures = run_launches(launches * args.rounds, args.timeout, desc="allreduce")
+    payloads, failures = run_launches(launches * config.rounds, output.timeout, desc="allreduce")
     rows = report.allreduce_rows(payloads)
     machine = report.machine_line(payloads[0]) if payloads else "?"
-    title = f"allreduce, {args.np} processes on {len(target.hosts.hosts)} host(s); {machine}"
-    data = report.results_data("allreduce", payloads, started, skipped, failures, rows, np=args.np,
-                               hosts=target.hosts.names, rounds=args.rounds,
+    title = f"allreduce, {target.np} processes on {len(target.hosts.hosts)} host(s); {machine}"
+    data = report.results_data("allreduce", payloads, started, skipped, failures, rows, np=target.np,
+                               hosts=target.hosts.names, rounds=config.rounds,
                                env={p["impl"]: p.get("env", {}) for p in payloads})
-    return _finish(args, data, title, report.allreduce_table(rows), report.plot_allreduce)
+    return _finish(output, data, title, report.allreduce_table(rows), report.plot_allreduce)
 
 
-def train_command(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise UserError(f"--repeats {args.repeats}: use 1 or more")
-    np_list = _np_list(args.np_list)
-    bench = TrainBench(models=_names(args.models), impls=_names(args.impls), batch_size=args.batch_size,
-                       steps=args.steps, warmup=args.warmup, image_size=args.image_size)
-    launches, skipped = plan_train([_target(args, np) for np in np_list], BuildFlags.detect(), bench)
-    if args.dry_run:
+def _run_train(config: TrainConfig) -> int:
+    output = config.output
+    launches, skipped = plan_train(list(config.targets), BuildFlags.detect(), config.bench)
+    if output.dry_run:
         return _print_launches(launches)
     started = time.time()
     # Rounds of every launch in turn, so slow drift on a shared machine hits all implementations alike.
-    payloads, failures = run_launches(launches * args.repeats, args.timeout, desc="train")
+    payloads, failures = run_launches(launches * config.repeats, output.timeout, desc="train")
     rows = train_rows(payloads)
     machine = report.machine_line(payloads[0]) if payloads else "?"
-    data = report.results_data("train", payloads, started, skipped, failures, rows, np=np_list)
-    return _finish(args, data, f"training step; {machine}", train_table(rows), plot_train)
+    data = report.results_data("train", payloads, started, skipped, failures, rows,
+                               np=[t.np for t in config.targets])
+    return _finish(output, data, f"training step; {machine}", train_table(rows), plot_train)
 
 
 def _print_launches(launches) -> int:
@@ -138,17 +206,17 @@ def _print_launches(launches) -> int:
     return 0
 
 
-def _finish(args: argparse.Namespace, data: dict, title: str, table: str, plot) -> int:
+def _finish(output: BenchOutput, data: dict, title: str, table: str, plot) -> int:
     """Write the files, print the table (or --json) and the skips; failures on stderr, exit 1."""
-    report.write_results(args.out, data, title, table, plot)
-    if args.json:
+    report.write_results(output.out, data, title, table, plot)
+    if output.json:
         print(json.dumps(data))
     else:
         print(title)
         print(table)
         for impl, why in data["skipped"].items():
             print(f"skipped {impl}: {why}")
-        print(f"wrote {args.out}/{data['kind']}.csv, .json, .txt, .png")
+        print(f"wrote {output.out}/{data['kind']}.csv, .json, .txt, .png")
     for failure in data["failures"]:
         print(f"hvdkit bench: error: {failure}", file=sys.stderr)
     return 1 if data["failures"] else 0

@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
-from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, spec_from_args
+from hvdkit.cli.args import add_host_arguments, add_ssh_arguments, spec_from_args
 from hvdkit.core.doctor import DoctorConfig, render, run_doctor
+
+
+@dataclass(frozen=True)
+class DoctorCommandConfig:
+    doctor: DoctorConfig
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DoctorCommandConfig:
+        doctor = DoctorConfig(hosts=spec_from_args(args), ssh_port=args.ssh_port,
+                              ssh_identity_file=args.ssh_identity_file, network_interface=args.network_interface,
+                              allreduce=not args.no_allreduce)
+        return cls(doctor=doctor, json=args.json)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,14 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_ssh_arguments(parser)
     parser.add_argument("--no-allreduce", action="store_true", help="skip the cross-host allreduce")
     parser.add_argument("--json", action="store_true", help="the checks as JSON")
-    parser.set_defaults(func=command)
+    parser.set_defaults(config=DoctorCommandConfig.from_args, run=run)
     return parser
 
 
-def command(args: argparse.Namespace) -> int:
-    cfg = DoctorConfig(hosts=spec_from_args(args), ssh_port=args.ssh_port,
-                       ssh_identity_file=args.ssh_identity_file, network_interface=args.network_interface,
-                       allreduce=not args.no_allreduce)
-    report = run_doctor(cfg)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
+def run(config: DoctorCommandConfig) -> int:
+    report = run_doctor(config.doctor)
+    print(json.dumps(report.to_dict(), indent=2) if config.json else render(report))
     return 0 if report.ok else 1

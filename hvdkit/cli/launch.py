@@ -15,11 +15,19 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from dataclasses import dataclass
 
-from hvdkit.cli.hosts import add_host_arguments, add_ssh_arguments, default_np, spec_from_args
+from hvdkit.cli.args import (
+    add_host_arguments,
+    add_np_argument,
+    add_ssh_arguments,
+    default_np,
+    spec_from_args,
+    target_from_args,
+)
 from hvdkit.core.argtypes import positive_int
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import rank_layout
+from hvdkit.core.hosts import HostSpec, RankPlacement
 from hvdkit.core.launch import (
     BuildFlags,
     LaunchConfig,
@@ -28,8 +36,39 @@ from hvdkit.core.launch import (
     one_host_elastic_risk,
     plan_launch,
 )
-from hvdkit.core.remote import discover_hosts, horovodrun_path, quick_check
+from hvdkit.core.remote import discover_hosts, quick_check
 from hvdkit.core.tuning import check_horovod_environment
+
+
+@dataclass(frozen=True)
+class LaunchCommandConfig:
+    launch: LaunchConfig
+    dry_run: bool = False
+    check_hosts: bool = True            # ssh and hvdkit version on every host first
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LaunchCommandConfig:
+        cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
+        check_command(cmd)
+        check_horovod_environment()
+        hosts = _hosts(args)
+        if args.np is None and hosts.source != "slurm":
+            raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
+        target = target_from_args(args, default_np(args.np, hosts), hosts)
+        launch = target.launch_config(cmd, args.controller, min_np=args.min_np, max_np=args.max_np,
+                                      discovery_script=args.host_discovery_script,
+                                      elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit,
+                                      slots=args.slots)
+        return cls(launch=launch, dry_run=args.dry_run, check_hosts=not args.no_check)
+
+
+def _hosts(args: argparse.Namespace) -> HostSpec:
+    """The host list, or what the discovery script prints now (run once here, as horovodrun will run it)."""
+    script = args.host_discovery_script
+    if args.slots is not None and not script:
+        raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
+                        "--hostfile or --slurm the slots are in the host list")
+    return discover_hosts(script, args.slots) if script else spec_from_args(args)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,9 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
                                         "check the hosts answer over ssh with this hvdkit version, print the "
                                         "command, run it.")
-    parser.add_argument("-np", "--num-proc", dest="np", type=positive_int,
-                        help="number of processes (elastic: to start with; in a Slurm allocation "
-                             "default $SLURM_NTASKS)")
+    add_np_argument(parser, type=positive_int, help="number of processes (elastic: to start with; in a Slurm "
+                                                    "allocation default $SLURM_NTASKS)")
     add_host_arguments(parser, discovery=True)
     elastic = parser.add_argument_group(
         "elastic", "--host-discovery-script or any of these makes the job elastic (on Gloo)")
@@ -60,46 +98,35 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument("--no-check", action="store_true", help="skip the ssh and hvdkit version check")
     parser.add_argument("train_command", nargs=argparse.REMAINDER, help="-- python train.py ...")
-    parser.set_defaults(func=command, controller="auto")
+    parser.set_defaults(config=LaunchCommandConfig.from_args, run=run, controller="auto")
     return parser
 
 
-def command(args: argparse.Namespace) -> int:
-    cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
-    check_command(cmd)
-    check_horovod_environment()
-    build = BuildFlags.detect()
-    script = args.host_discovery_script
-    if args.slots is not None and not script:
-        raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
-                        "--hostfile or --slurm the slots are in the host list")
-    hosts = discover_hosts(script, args.slots) if script else spec_from_args(args)
-    if args.np is None and hosts.source != "slurm":
-        raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
-    np = default_np(args, hosts)
-    cfg = LaunchConfig(np=np, hosts=hosts, command=cmd, controller=args.controller,
-                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-                       network_interface=args.network_interface,
-                       horovodrun=horovodrun_path(),
-                       min_np=args.min_np, max_np=args.max_np, discovery_script=script,
-                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit, slots=args.slots)
-    plan = plan_launch(cfg, build)
-    if not args.no_check and not args.dry_run:
-        quick_check(hosts.names, args.ssh_port, args.ssh_identity_file)
+def run(config: LaunchCommandConfig) -> int:
+    cfg = config.launch
+    plan = plan_launch(cfg, BuildFlags.detect())
+    if config.check_hosts and not config.dry_run:
+        quick_check(cfg.hosts.names, cfg.ssh_port, cfg.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
-    if script and hosts.total_slots < np:
-        wait = f"{args.elastic_timeout} s" if args.elastic_timeout else "--elastic-timeout (600 s by default)"
-        print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {np}; "
+    _warn(cfg)
+    if config.dry_run:
+        return 0
+    return supervise(plan.argv, plan.layout)
+
+
+def _warn(cfg: LaunchConfig) -> None:
+    """What the job will do that the user may not expect: wait for slots, or end on one failure."""
+    script, hosts = cfg.discovery_script, cfg.hosts
+    if script and hosts.total_slots < cfg.np:
+        wait = f"{cfg.elastic_timeout} s" if cfg.elastic_timeout else "--elastic-timeout (600 s by default)"
+        print(f"hvdkit launch: warning: {script} lists {hosts.total_slots} slots, fewer than -np {cfg.np}; "
               f"horovodrun waits for more, for up to {wait}", file=sys.stderr, flush=True)
     risk = one_host_elastic_risk(hosts) if cfg.elastic else None
     if risk:
         print(f"hvdkit launch: warning: {risk}", file=sys.stderr, flush=True)
-    if args.dry_run:
-        return 0
-    return supervise(plan.argv, rank_layout(hosts, min(cfg.np, hosts.total_slots)))
 
 
-def supervise(argv: tuple[str, ...], layout) -> int:
+def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...]) -> int:
     """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
 
     horovodrun runs in a process group of its own, and SIGINT, SIGTERM and

@@ -1,4 +1,9 @@
-"""`hvdkit` entry point: builds the parser from the subcommand modules."""
+"""`hvdkit` entry point: builds the parser from the subcommand modules.
+
+Every module has the same two parts: ``add_parser(subparsers)`` registers its
+arguments and sets ``config`` (the function that turns them into one frozen,
+validated config) and ``run`` (which takes that config and returns the exit code).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,11 @@ import sys
 
 from hvdkit import __version__
 from hvdkit.cli import bench as bench_cmd
+from hvdkit.cli import costmodel as plan_cmd
 from hvdkit.cli import doctor as doctor_cmd
 from hvdkit.cli import env as env_cmd
 from hvdkit.cli import hosts as hosts_cmd
 from hvdkit.cli import launch as launch_cmd
-from hvdkit.cli import plan as plan_cmd
 from hvdkit.core.errors import UserError
 
 SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd, bench_cmd, plan_cmd)
@@ -31,11 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if not getattr(args, "run", None):
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        return args.run(args.config(args))
     except UserError as exc:
         print(f"hvdkit {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2

@@ -13,11 +13,14 @@ import os
 import re
 import shlex
 import signal
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, RankPlacement, check_np, to_hosts_string
+from hvdkit.core.hosts import HostSpec, RankPlacement, rank_layout, to_hosts_string
+from hvdkit.core.remote import horovodrun_path
 
 CONTROLLERS = ("auto", "mpi", "gloo")
 
@@ -65,10 +68,36 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class LaunchTarget:
+    """Where a job's processes run and how horovodrun reaches the hosts: what launch, doctor and bench share.
+
+    The one place a :class:`LaunchConfig` is filled from them::
+
+        target = LaunchTarget(np=4, hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345)
+        cfg = target.launch_config(("python", "train.py"), controller="gloo")
+    """
+
+    np: int
+    hosts: HostSpec | None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    network_interface: str | None = None
+    python: str = sys.executable       # its horovodrun (the venv's) launches the job
+
+    def launch_config(self, command: tuple[str, ...], controller: str = "auto", **elastic) -> LaunchConfig:
+        """``command`` on this target; ``elastic`` takes LaunchConfig's elastic fields (min_np=..., ...)."""
+        return LaunchConfig(np=self.np, hosts=self.hosts, command=tuple(command), controller=controller,
+                            ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file,
+                            network_interface=self.network_interface, horovodrun=horovodrun_path(self.python),
+                            **elastic)
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     argv: tuple[str, ...]
     controller: str
     reason: str
+    layout: tuple[RankPlacement, ...] = ()   # where each rank starts, to name the one that fails
 
     def shell(self) -> str:
         return shlex.join(self.argv)
@@ -118,7 +147,6 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         if cfg.hosts is None:
             raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or "
                             "--host-discovery-script SCRIPT")
-        check_np(cfg.hosts, cfg.np)
         controller, reason = choose_controller(cfg.controller, build)
         argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]
     if cfg.ssh_port is not None:
@@ -128,7 +156,19 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
     if nic:
         argv += ["--network-interface", nic]
     argv += cfg.command
-    return LaunchPlan(tuple(argv), controller, reason)
+    return LaunchPlan(tuple(argv), controller, reason, _layout(cfg))
+
+
+def _layout(cfg: LaunchConfig) -> tuple[RankPlacement, ...]:
+    """Where each rank starts; this is where -np is checked against the slots.
+
+    A discovery script may list fewer slots than -np (horovodrun then waits
+    for more), so its layout covers the slots listed at launch.
+    """
+    if cfg.hosts is None:
+        return ()
+    np = min(cfg.np, cfg.hosts.total_slots) if cfg.discovery_script is not None else cfg.np
+    return tuple(rank_layout(cfg.hosts, np))
 
 
 def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str, str]:
@@ -163,7 +203,6 @@ def _elastic_argv(cfg: LaunchConfig, build: BuildFlags) -> tuple[list[str], str,
                         f"{to_hosts_string(cfg.hosts)}: list more hosts, or use --host-discovery-script "
                         "examples/discover_hosts.sh")
     else:
-        check_np(cfg.hosts, cfg.np)
         argv += ["-H", to_hosts_string(cfg.hosts)]
     return argv + ["--gloo"], "gloo", "elastic training runs on Gloo"
 
@@ -268,7 +307,7 @@ def first_exception(output: str) -> tuple[int, str] | None:
     return None
 
 
-def explain_failure(output: str, layout: list[RankPlacement]) -> str | None:
+def explain_failure(output: str, layout: Sequence[RankPlacement]) -> str | None:
     """One line naming the rank that failed first, its host and the cause, from horovodrun's output."""
     hosts = {p.rank: p for p in layout}
     deadlock = _DEADLOCK.search(output)

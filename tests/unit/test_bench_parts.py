@@ -5,13 +5,14 @@ import io
 
 import pytest
 
+from hvdkit.bench.catalog import CATALOG, implementation, implementations
 from hvdkit.bench.models import MnistNet, ResNet50, resnet50_shapes
 from hvdkit.bench.report import allreduce_rows, allreduce_table, bus_factor
 from hvdkit.bench.results import collect, emit
-from hvdkit.bench.runner import BenchTarget, available, plan_horovodrun
+from hvdkit.bench.runner import TrainBench, available, plan_horovodrun, plan_train
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
-from hvdkit.core.launch import BuildFlags
+from hvdkit.core.launch import BuildFlags, LaunchTarget
 from hvdkit.core.tuning import apply_horovod_defaults
 from hvdkit.core.units import format_bytes
 from hvdkit.core.units import parse_byte_range as parse_sizes
@@ -48,16 +49,46 @@ def test_format_bytes_stops_at_tebibytes():
 
 
 def test_launch_plans_share_hosts_and_pick_controllers():
-    target = BenchTarget(np=4, hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345, python="/venv/bin/python")
+    target = LaunchTarget(np=4, hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345, python="/venv/bin/python")
     build = BuildFlags(mpi=True, gloo=True)
-    plans = {impl: plan_horovodrun(impl, target, build, ("-m", "w"), port=29555)
-             for impl in ("hvdkit", "horovod-mpi", "horovod-gloo", "torch", "mpi4py")}
+    plans = {impl.name: plan_horovodrun(impl, target, build, ("-m", "w"), port=29555)
+             for impl in implementations("allreduce")}
     for plan in plans.values():
         assert plan.argv[1:5] == ("-np", "4", "-H", "a:2,b:2") and "-p" in plan.argv
     assert "--mpi" in plans["hvdkit"].argv and "--gloo" in plans["horovod-gloo"].argv
     assert plans["torch"].env == {"MASTER_ADDR": "a", "MASTER_PORT": "29555"}
-    keep, skipped = available(["hvdkit", "horovod-mpi", "mpi4py", "torch"], BuildFlags(mpi=False, gloo=True))
-    assert keep == ["hvdkit", "torch"] and set(skipped) == {"horovod-mpi", "mpi4py"}
+    keep, skipped = available(implementations("allreduce", ["hvdkit", "horovod-mpi", "mpi4py", "torch"]),
+                              BuildFlags(mpi=False, gloo=True))
+    assert [i.name for i in keep] == ["hvdkit", "torch"] and set(skipped) == {"horovod-mpi", "mpi4py"}
+
+
+def test_the_catalog_offers_only_what_the_workers_run():
+    # Every name the CLI accepts is one its worker's --impl accepts, and each framework has a worker class.
+    for bench in ("allreduce", "train"):
+        worker = (ROOT / "hvdkit" / "bench" / f"{bench}.py").read_text()
+        assert f'implementations("{bench}")' in worker
+    assert {i.framework for i in CATALOG} == {"hvdkit", "horovod", "torch.distributed", "mpi4py"}
+    assert {i.bench for i in CATALOG} == {"allreduce", "train"}
+    for bench in ("allreduce", "train"):
+        names = [i.name for i in implementations(bench)]
+        assert len(names) == len(set(names))
+    with pytest.raises(UserError, match="unknown implementation 'horovod-auto' for bench allreduce: use some of "
+                                        "hvdkit, horovod-mpi"):
+        implementation("allreduce", "horovod-auto")
+
+
+def test_train_plan_runs_ddp_under_torchrun_on_this_host_only():
+    build = BuildFlags(mpi=True, gloo=True)
+    here = LaunchTarget(np=2, hosts=parse_hosts_string("localhost:2"), python="py")
+    there = LaunchTarget(np=2, hosts=parse_hosts_string("a:1,b:1"), python="py")
+    launches, skipped = plan_train([here, there], build, TrainBench(models=("mnist",)))
+    assert [launch.impl for launch in launches] == ["hvdkit", "horovod", "ddp", "hvdkit", "horovod"]
+    assert launches[2].argv[:6] == ("py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    assert launches[2].argv[-2:] == ("--impl", "ddp") and "OMP_NUM_THREADS" in launches[2].env
+    assert "--mpi" in launches[0].argv and "-H" in launches[4].argv
+    assert set(skipped) == {"ddp"}
+    with pytest.raises(UserError, match="model 'vgg' is unknown"):
+        TrainBench(models=("vgg",))
 
 
 def test_bus_bandwidth_follows_nccl_tests():

@@ -1,23 +1,53 @@
-"""`hvdkit plan`: predict step time and scaling efficiency before renting the GPUs.
+"""`hvdkit plan`: the cost model's step time and scaling efficiency, before renting the GPUs.
 
     hvdkit plan --params 25.6M --compute-ms 250 --bandwidth 12.5 --latency 10 --gpus 16,512
     hvdkit plan --calibrate bench-results --model resnet50     # B and latency (and compute) from hvdkit bench
 
-The model (see hvdkit.core.plan): ring 2(N-1)/N*K/B + 2(N-1)*latency against a
-parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+The cost model (see hvdkit.core.costmodel): ring 2(N-1)/N*K/B + 2(N-1)*latency
+against a parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+The command keeps the name users know; it plans capacity, not a launch (that
+is ``hvdkit launch``'s :func:`hvdkit.core.launch.plan_launch`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
-from hvdkit.bench.report import plot_plan
+from hvdkit.bench.report import plot_cost_model
 from hvdkit.core.console import text_table
+from hvdkit.core.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 from hvdkit.core.errors import UserError
-from hvdkit.core.plan import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 from hvdkit.core.units import format_bytes, parse_count
+
+
+@dataclass(frozen=True)
+class CostModelConfig:
+    gpus: tuple[int, ...]                # worker counts to predict, ascending
+    params: float | None = None          # None: from --calibrate's train.json, else ResNet-50's
+    bytes_per_param: float = 4
+    compute_s: float | None = None       # one worker's step without communication
+    bandwidth: float | None = None       # GB/s per link and direction
+    latency: float | None = None         # microseconds per message
+    overlap: float = 0.0
+    calibrate: str | None = None         # a hvdkit bench --out directory
+    impl: str = "hvdkit"
+    model: str = "resnet50"
+    plot: str | None = None
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CostModelConfig:
+        gpus = tuple(sorted({int(g) for g in args.gpus.split(",") if g.strip()}))
+        if not gpus or gpus[0] < 1:
+            raise UserError(f"--gpus {args.gpus!r}: give worker counts of 1 or more, e.g. 1,8,16,512")
+        return cls(gpus=gpus, params=parse_count(args.params) if args.params else None,
+                   bytes_per_param=args.bytes_per_param,
+                   compute_s=args.compute_ms / 1e3 if args.compute_ms else None, bandwidth=args.bandwidth,
+                   latency=args.latency, overlap=args.overlap, calibrate=args.calibrate, impl=args.impl,
+                   model=args.model, plot=args.plot, json=args.json)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,74 +67,72 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--impl", default="hvdkit", help="which implementation's bench rows to calibrate on")
     p.add_argument("--model", default="resnet50", help="train.json model to take compute and params from")
     p.add_argument("--plot", default=None, help="write a PNG of efficiency vs workers here")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(func=command)
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    p.set_defaults(config=CostModelConfig.from_args, run=run)
     return p
 
 
-def command(args: argparse.Namespace) -> int:
-    gpus = sorted({int(g) for g in args.gpus.split(",") if g.strip()})
-    if not gpus or gpus[0] < 1:
-        raise UserError(f"--gpus {args.gpus!r}: give worker counts of 1 or more, e.g. 1,8,16,512")
+def run(config: CostModelConfig) -> int:
     notes, check = [], None
-    params = parse_count(args.params) if args.params else RESNET50_PARAMS
-    compute_s = args.compute_ms / 1e3 if args.compute_ms else None
-    if args.calibrate:
-        net, params, compute_s, check = _calibrate(args, params, compute_s, notes)
+    params = config.params or RESNET50_PARAMS
+    compute_s = config.compute_s
+    if config.calibrate:
+        net, params, compute_s, check = _calibrate(config, compute_s, notes)
     else:
-        net = Network((args.bandwidth or 12.5) * 1e9, (10.0 if args.latency is None else args.latency) * 1e-6)
+        net = Network((config.bandwidth or 12.5) * 1e9, (10.0 if config.latency is None else config.latency) * 1e-6)
     if compute_s is None:
         raise UserError("no compute time: give --compute-ms (one worker's step without communication), "
                         "or --calibrate a directory that has train.json from hvdkit bench train")
-    work = Workload(grad_bytes=params * args.bytes_per_param, compute_s=compute_s, overlap=args.overlap)
-    preds = [predict(work, net, n) for n in gpus]
+    work = Workload(grad_bytes=params * config.bytes_per_param, compute_s=compute_s, overlap=config.overlap)
+    preds = [predict(work, net, n) for n in config.gpus]
     assumptions = {"params": params, "grad_bytes": work.grad_bytes, "compute_ms": compute_s * 1e3,
-                   "bandwidth_GBps": net.bandwidth / 1e9, "latency_us": net.latency * 1e6, "overlap": args.overlap,
+                   "bandwidth_GBps": net.bandwidth / 1e9, "latency_us": net.latency * 1e6, "overlap": config.overlap,
                    "notes": notes}
-    if args.plot:
-        plot_plan(args.plot, preds, assumptions)
-    if args.json:
+    if config.plot:
+        plot_cost_model(config.plot, preds, assumptions)
+    if config.json:
         print(json.dumps({"assumptions": assumptions, "predictions": [p.as_dict() for p in preds], "check": check}))
         return 0
-    _print_plan(assumptions, preds, check)
-    if args.plot:
-        print(f"wrote {args.plot}")
+    _print_predictions(assumptions, preds, check)
+    if config.plot:
+        print(f"wrote {config.plot}")
     return 0
 
 
-def _calibrate(args: argparse.Namespace, params: float, compute_s: float | None,
+def _calibrate(config: CostModelConfig, compute_s: float | None,
                notes: list[str]) -> tuple[Network, float, float | None, dict | None]:
     """The network fitted to the bench sweep in --calibrate (then --bandwidth/--latency override it); params
     and compute from its train.json where not given; and the check of the model against that measured step.
 
     Returns (network, params, compute seconds, check or None); appends what it took from where to ``notes``.
     """
-    check = None
-    net, fitted_np = calibrate_network(args.calibrate, args.impl)
-    notes.append(f"bandwidth and latency fitted to {args.impl}'s allreduce sweep on {fitted_np} processes")
-    row = train_compute(args.calibrate, args.impl, args.model)
+    check, params = None, config.params or RESNET50_PARAMS
+    net, fitted_np = calibrate_network(config.calibrate, config.impl)
+    notes.append(f"bandwidth and latency fitted to {config.impl}'s allreduce sweep on {fitted_np} processes")
+    row = train_compute(config.calibrate, config.impl, config.model)
     if row:
         measured_comm = row["allreduce_ms"] / 1e3
         local = (row["step_ms"] - row["allreduce_ms"]) / 1e3
-        if not args.params:
+        if config.params is None:
             params = row["params"]
         if compute_s is None:
             compute_s = local
-            notes.append(f"compute {local * 1e3:.1f} ms = measured {args.model} step minus its allreduce wait "
-                         f"({args.impl}, np={row['np']})")
-        predicted = compute_s + ring_allreduce_s(params * args.bytes_per_param, row["np"], net)
-        check = {"np": row["np"], "model": args.model, "measured_step_ms": row["step_ms"],
+            notes.append(f"compute {local * 1e3:.1f} ms = measured {config.model} step minus its allreduce wait "
+                         f"({config.impl}, np={row['np']})")
+        predicted = compute_s + ring_allreduce_s(params * config.bytes_per_param, row["np"], net)
+        check = {"np": row["np"], "model": config.model, "measured_step_ms": row["step_ms"],
                  "predicted_step_ms": predicted * 1e3,
                  "error": predicted * 1e3 / row["step_ms"] - 1, "measured_allreduce_ms": measured_comm * 1e3}
-    if args.bandwidth:
-        net = Network(args.bandwidth * 1e9, net.latency)
-    if args.latency is not None:
-        net = Network(net.bandwidth, args.latency * 1e-6)
+    if config.bandwidth:
+        net = Network(config.bandwidth * 1e9, net.latency)
+    if config.latency is not None:
+        net = Network(net.bandwidth, config.latency * 1e-6)
     return net, params, compute_s, check
 
 
-def _print_plan(assumptions: dict, preds: list, check: dict | None) -> None:
-    """The plan as text: the assumptions, one row per worker count, and the check against bench train."""
+def _print_predictions(assumptions: dict, preds: list, check: dict | None) -> None:
+    """The cost model's answer as text: the assumptions, one row per worker count, and the check against
+    bench train."""
     a = assumptions
     print(f"model: {a['params'] / 1e6:.1f} M params, {format_bytes(a['grad_bytes'])} of gradients per step; "
           f"compute {a['compute_ms']:.1f} ms/step; overlap {a['overlap']:.0%}")

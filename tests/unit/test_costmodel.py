@@ -2,8 +2,8 @@
 
 import pytest
 
+from hvdkit.core.costmodel import Network, Workload, fit_network, parameter_server_s, predict, ring_allreduce_s
 from hvdkit.core.errors import UserError
-from hvdkit.core.plan import Network, Workload, fit_network, parameter_server_s, predict, ring_allreduce_s
 
 pytestmark = pytest.mark.unit
 NET = Network(bandwidth=10e9, latency=5e-6)

@@ -1,0 +1,85 @@
+"""The arguments several commands share, spelled as horovodrun spells them, and their typed values.
+
+``hvdkit hosts``, ``doctor``, ``launch`` and ``bench`` all take the hosts
+(-H / --hostfile / --slurm, and for launch --host-discovery-script); doctor,
+launch and bench also take horovodrun's ssh and network options. Each command's
+``from_args`` reads them here, once::
+
+    add_host_arguments(parser)                        # in add_parser
+    add_ssh_arguments(parser)
+    hosts = spec_from_args(args)                      # in the command's Config.from_args
+    target = target_from_args(args, default_np(args.np, hosts), hosts)   # a LaunchTarget
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+
+from hvdkit.core import slurm
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import HostSpec, parse_hostfile, parse_hosts_string
+from hvdkit.core.launch import LaunchTarget
+
+
+def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False) -> None:
+    """-H / --hostfile / --slurm (/ --host-discovery-script), as horovodrun spells them (hosts, doctor, launch, bench).
+
+    None given inside a Slurm allocation means --slurm (see :func:`spec_from_args`).
+    """
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
+    group.add_argument("--hostfile", help="file with one '<host> slots=<N>' a line")
+    group.add_argument("--slurm", action="store_true",
+                       help="the hosts of this Slurm allocation ($SLURM_JOB_NODELIST, $SLURM_TASKS_PER_NODE); "
+                            "the default inside sbatch/salloc when no hosts are given")
+    if discovery:
+        group.add_argument("--host-discovery-script", metavar="SCRIPT",
+                           help="elastic job: an executable that prints host:slots lines, rerun while the job "
+                                "runs (e.g. examples/discover_hosts.sh)")
+
+
+def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's ssh and network options (doctor, launch, bench)."""
+    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port on every host (horovodrun -p)")
+    parser.add_argument("-i", "--ssh-identity-file", help="private key for ssh (horovodrun --ssh-identity-file)")
+    parser.add_argument("--network-interface", help="interface for Horovod traffic, e.g. eth0")
+
+
+def add_np_argument(parser: argparse.ArgumentParser, help: str, type=int, default=None) -> None:
+    """-np / --num-proc, horovodrun's spelling; read into ``args.np``."""
+    parser.add_argument("-np", "--num-proc", dest="np", type=type, default=default, help=help)
+
+
+def hosts_given(args: argparse.Namespace) -> bool:
+    """Whether -H, --hostfile or --slurm is on the command line (a Slurm allocation alone does not count)."""
+    return bool(args.hosts or args.hostfile or args.slurm)
+
+
+def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> HostSpec:
+    """The hosts -H, --hostfile or --slurm name; inside a Slurm allocation, its hosts when none is given."""
+    env = os.environ if env is None else env
+    if args.hostfile:
+        return parse_hostfile(args.hostfile)
+    if args.hosts:
+        return parse_hosts_string(args.hosts)
+    if args.slurm or slurm.in_allocation(env):
+        return slurm.allocation(env).hosts
+    raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE (or run inside a Slurm allocation)")
+
+
+def default_np(np: int | None, spec: HostSpec, env: Mapping[str, str] | None = None) -> int:
+    """-np when given; in a Slurm allocation SLURM_NTASKS; otherwise every slot."""
+    env = os.environ if env is None else env
+    if np is not None:
+        return np
+    if spec.source == "slurm":
+        return slurm.allocation(env).ntasks
+    return spec.total_slots
+
+
+def target_from_args(args: argparse.Namespace, np: int, hosts: HostSpec | None) -> LaunchTarget:
+    """``np`` processes on ``hosts``, reached with the ssh and network options on the command line."""
+    return LaunchTarget(np=np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                        network_interface=args.network_interface)

@@ -1,0 +1,68 @@
+"""Each command's arguments become one typed config, validated in from_args; nothing is launched."""
+
+import pytest
+
+from hvdkit.cli.bench import AllreduceConfig, TrainConfig
+from hvdkit.cli.hosts import HostsConfig
+from hvdkit.cli.launch import LaunchCommandConfig
+from hvdkit.cli.main import SUBCOMMANDS, build_parser
+from hvdkit.core.errors import UserError
+from hvdkit.core.hosts import parse_hosts_string
+from hvdkit.core.launch import BuildFlags, plan_launch
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+EXAMPLE = str(ROOT / "examples" / "pytorch_mnist.py")
+
+
+def config(*argv):
+    args = build_parser().parse_args(list(argv))
+    return args.config(args)
+
+
+def test_every_command_module_has_the_same_two_parts():
+    for module in SUBCOMMANDS:
+        assert callable(module.add_parser) and callable(module.run), module.__name__
+
+
+def test_launch_arguments_become_one_launch_config():
+    cfg = config("launch", "-np", "3", "-H", "a:2,b:2", "-p", "12345", "-i", "/k", "--network-interface", "eth0",
+                 "--max-np", "4", "--elastic-timeout", "60", "--dry-run", "--", "python", EXAMPLE)
+    assert isinstance(cfg, LaunchCommandConfig) and cfg.dry_run and cfg.check_hosts
+    launch = cfg.launch
+    assert (launch.np, launch.hosts, launch.command) == (3, parse_hosts_string("a:2,b:2"), ("python", EXAMPLE))
+    assert (launch.ssh_port, launch.ssh_identity_file, launch.network_interface) == (12345, "/k", "eth0")
+    assert (launch.max_np, launch.elastic_timeout, launch.min_np, launch.elastic) == (4, 60, None, True)
+
+
+def test_the_launch_plan_carries_the_layout_it_checked_np_with():
+    plan = plan_launch(config("launch", "-np", "3", "-H", "a:2,b:2", "--", "python", EXAMPLE).launch,
+                       BuildFlags(mpi=True, gloo=True))
+    assert [(p.rank, p.host, p.local_rank) for p in plan.layout] == [(0, "a", 0), (1, "a", 1), (2, "b", 0)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "-H", "a:2", "--", "python", EXAMPLE], "-np is required"),
+    (["launch", "-np", "2", "-H", "a:2", "--slots", "2", "--", "python", EXAMPLE], "--slots is for hosts"),
+    (["launch", "-np", "2", "-H", "a:2"], "no training command"),
+    (["bench", "allreduce", "--impls", "hvdkit,horovod-auto"], "unknown implementation 'horovod-auto'"),
+    (["bench", "allreduce", "--rounds", "0"], "--rounds 0: use 1 or more"),
+    (["bench", "train", "--impls", "mpi4py"], "unknown implementation 'mpi4py' for bench train"),
+    (["bench", "train", "--models", "vgg"], "model 'vgg' is unknown"),
+    (["plan", "--gpus", "0"], "worker counts of 1 or more"),
+])
+def test_bad_arguments_stop_in_from_args(argv, message):
+    with pytest.raises(UserError, match=message):
+        config(*argv)
+
+
+def test_hosts_and_bench_configs():
+    hosts = config("hosts", "-H", "a:2,b:2")
+    assert hosts == HostsConfig(hosts=parse_hosts_string("a:2,b:2"), np=4)
+    ar = config("bench", "allreduce", "-np", "4", "--sizes", "1M,4M", "--impls", "torch,hvdkit", "-p", "2222")
+    assert isinstance(ar, AllreduceConfig) and ar.bench.sizes == (1 << 20, 4 << 20)
+    assert [i.name for i in ar.bench.impls] == ["torch", "hvdkit"]
+    assert ar.target.hosts == parse_hosts_string("localhost:4") and ar.target.ssh_port == 2222
+    tr = config("bench", "train", "-np", "1,2", "-H", "a:1,b:1")
+    assert isinstance(tr, TrainConfig) and [t.np for t in tr.targets] == [1, 2]
+    assert all(t.hosts == parse_hosts_string("a:1,b:1") for t in tr.targets)
