@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """``-m unit`` alone reads tests/unit only, where every unit test lives (test_tiers.py checks).
+    """``-m unit`` alone reads tests/unit only, where every unit test lives (tests/unit/test_packaging.py checks).
 
     The other tiers' modules import torch, TensorFlow or Horovod at the top; left uncollected,
     the unit tier runs where only ``pip install -c constraints.txt -e '.[dev]'`` was done.
