@@ -250,8 +250,8 @@ if [ -n "${HVDKIT_TORCH_VERSION:-}" ]; then
   sed "s/^torch==[^ ]*/torch==$TORCH_VERSION/" "$CONSTRAINTS" > "$PINS_FILE"
 fi
 
-# uv installs the frameworks in about half pip's time (the CPU flavour into an empty venv with an
-# empty cache: pip 153 s, uv 81 s; docs/TESTING.md has the runs). It is a package in the venv
+# uv installs the frameworks in a half to a third of pip's time (the CPU flavour into an empty venv
+# with an empty cache, three runs: pip 153-403 s, uv 81-122 s; docs/TESTING.md). It is a package in the venv
 # (pinned), which stays a plain venv; pip does everything else, and takes over when uv fails or
 # HVDKIT_INSTALLER=pip. uv reads none of pip's settings: uv_settings passes on where packages come
 # from (pip config list: files and PIP_* variables) and resolves across indexes as pip does.
