@@ -278,7 +278,8 @@ for key, flag in flags.items():
         print("arg", flag); print("arg", value)
 if "no-cache-dir" in settings:
     print("arg --no-cache")
-for key, var in (("timeout", "UV_HTTP_TIMEOUT"), ("default-timeout", "UV_HTTP_TIMEOUT"), ("cert", "SSL_CERT_FILE")):
+for key, var in (("timeout", "UV_HTTP_TIMEOUT"), ("default-timeout", "UV_HTTP_TIMEOUT"), ("cert", "SSL_CERT_FILE"),
+                 ("proxy", "HTTPS_PROXY"), ("proxy", "HTTP_PROXY")):
     if key in settings:
         print("env", f"{var}={settings[key]}")
 PY
