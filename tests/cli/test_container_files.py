@@ -1,9 +1,10 @@
 """Dockerfile.gpu and docker-compose.yml, checked without a Docker engine.
 
 hadolint and the Compose Specification schema (vendored by check-jsonschema, both
-pinned in scripts/install.sh), plus what those tools cannot know: the image's
-pins equal the install script's, no key is baked in, sshd is key-only, and the
-compose services, hostfiles and launcher commands agree.
+pinned in constraints.txt), plus what those tools cannot know: the image's
+pins equal constraints.txt's, the Horovod layer is built from the pins alone, no key
+is baked in, sshd is key-only, and the compose services, hostfiles and launcher
+commands agree.
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def test_image_versions_are_the_install_scripts():
     for name in ("torch", "tensorflow", "horovod", "keras"):
         assert not re.search(rf"{name}==", DOCKERFILE.read_text())
     assert re.search(r"ARG CUDA_VERSION=\d+\.\d+\.\d+", DOCKERFILE.read_text()), "the base image tag is pinned"
+
+
+def test_horovod_layer_is_built_from_the_pins_before_hvdkits_code():
+    """install.sh --no-project reads constraints.txt and pyproject.toml: both copied before it runs, hvdkit after."""
+    builder = stages()["builder"]
+    first = builder.index(("RUN", "bash scripts/install.sh --gpu --no-project"))
+    before = " ".join(rest for word, rest in builder[:first] if word == "COPY")
+    after = " ".join(rest for word, rest in builder[first:] if word == "COPY")
+    for needed in ("constraints.txt", "pyproject.toml", "scripts"):
+        assert needed in before, f"{needed} is copied after install.sh --no-project needs it"
+    for code in ("hvdkit", "README.md", "examples"):
+        assert code in after and code not in before.split(), f"{code} before the Horovod layer: every edit rebuilds it"
 
 
 def test_build_fails_without_nccl_cuda_or_torch():

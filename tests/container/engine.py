@@ -1,6 +1,6 @@
 """A real Docker engine for the image tier, started by hand as docs/DOCKER.md describes.
 
-Debian's docker.io (the version pinned in scripts/install.sh) runs without systemd:
+Debian's docker.io (the version pinned in constraints.txt) runs without systemd:
 ``dockerd`` gets its own data root, exec root, socket and pid file, and
 ``--iptables=false --ip-forward=false --bridge=none`` so it changes neither the
 host's firewall nor its forwarding and makes no docker0 bridge (the network-namespace
@@ -105,12 +105,13 @@ class Engine:
     def start(self) -> None:
         for tool in (DOCKERD, DOCKER):
             if not os.access(tool, os.X_OK):
-                raise EngineError(f"{tool} not found: apt-get install docker.io (scripts/install.sh does, as root)")
+                raise EngineError(f"{tool} not found: apt-get install docker.io "
+                                  "(scripts/test-setup.sh --container does, as root)")
         version = subprocess.run([DOCKERD, "--version"], capture_output=True, text=True).stdout
         want = pins()["DOCKER_ENGINE_VERSION"]
         if f"version {want}." not in version:
             raise EngineError(f"dockerd is {version.strip()!r}, the pin is {want}: apt-get install docker.io "
-                              "from Debian 12 or change DOCKER_ENGINE_VERSION in scripts/install.sh")
+                              "from Debian 12 or change DOCKER_ENGINE_VERSION in constraints.txt")
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
             if cmd[:1] == [DOCKERD] and str(self.data_root) in cmd:
@@ -215,7 +216,8 @@ class Engine:
         if all(self.has_image(n) for n in names):
             return 0.0
         if not shutil.which("debootstrap"):
-            raise EngineError("debootstrap not found: apt-get install debootstrap (scripts/install.sh does, as root)")
+            raise EngineError("debootstrap not found: apt-get install debootstrap "
+                              "(scripts/test-setup.sh --container does, as root)")
         rootfs = work / "rootfs"
         mirror = _host_debian_mirror()
         proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates", "bookworm",
