@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from hvdkit.cli.args import add_host_arguments, add_ssh_arguments, spec_from_args
+from hvdkit.cli.args import add_host_arguments, add_ssh_arguments, spec_from_args, target_from_args
 from hvdkit.core.doctor import DoctorConfig, render, run_doctor
 
 
@@ -21,9 +21,8 @@ class DoctorCommandConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DoctorCommandConfig:
-        doctor = DoctorConfig(hosts=spec_from_args(args), ssh_port=args.ssh_port,
-                              ssh_identity_file=args.ssh_identity_file, network_interface=args.network_interface,
-                              allreduce=not args.no_allreduce)
+        hosts = spec_from_args(args)
+        doctor = DoctorConfig(target_from_args(args, hosts.total_slots, hosts), allreduce=not args.no_allreduce)
         return cls(doctor=doctor, json=args.json)
 
 

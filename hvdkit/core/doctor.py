@@ -8,7 +8,8 @@ costs seconds, not a hang.
 
 Example::
 
-    report = run_doctor(DoctorConfig(hosts=parse_hosts_string("a:2,b:2"), ssh_port=12345))
+    hosts = parse_hosts_string("a:2,b:2")
+    report = run_doctor(DoctorConfig(LaunchTarget(np=hosts.total_slots, hosts=hosts, ssh_port=12345)))
     print(render(report)); sys.exit(0 if report.ok else 1)
 """
 
@@ -16,16 +17,15 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from hvdkit.core.console import text_table
 from hvdkit.core.envreport import EnvReport, collect
 from hvdkit.core.hosts import LOCAL_NAMES, HostSpec
-from hvdkit.core.launch import BuildFlags, LaunchConfig, plan_launch
-from hvdkit.core.remote import SSH_CONNECT_TIMEOUT_S, horovodrun_path, last_line, run_bounded, ssh_argv, ssh_fix_hint
+from hvdkit.core.launch import BuildFlags, LaunchTarget, plan_launch
+from hvdkit.core.remote import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
 
 REMOTE_TIMEOUT_S = 60
 ALLREDUCE_TIMEOUT_S = 90
@@ -35,12 +35,30 @@ COMPARED_PACKAGES = ("torch", "tensorflow", "keras", "horovod")
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    hosts: HostSpec
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    network_interface: str | None = None
-    python: str = sys.executable
+    """The hosts to check, reached as a job would be (a :class:`LaunchTarget` over every slot)."""
+
+    target: LaunchTarget
     allreduce: bool = True
+
+    @property
+    def hosts(self) -> HostSpec:
+        return self.target.hosts
+
+    @property
+    def ssh_port(self) -> int | None:
+        return self.target.ssh_port
+
+    @property
+    def ssh_identity_file(self) -> str | None:
+        return self.target.ssh_identity_file
+
+    @property
+    def network_interface(self) -> str | None:
+        return self.target.network_interface
+
+    @property
+    def python(self) -> str:
+        return self.target.python
 
 
 @dataclass
@@ -166,9 +184,8 @@ def common_interface(reports: dict[str, EnvReport], requested: str | None,
 
 def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
     """A one-float allreduce over every slot (``python -m hvdkit.selfcheck``, on Gloo, as a job would launch)."""
-    launch = LaunchConfig(np=cfg.hosts.total_slots, hosts=cfg.hosts, command=(cfg.python, "-m", "hvdkit.selfcheck"),
-                          controller="gloo", ssh_port=cfg.ssh_port, ssh_identity_file=cfg.ssh_identity_file,
-                          network_interface=interface, horovodrun=horovodrun_path(cfg.python))
+    target = replace(cfg.target, np=cfg.hosts.total_slots, network_interface=interface)
+    launch = target.launch_config((cfg.python, "-m", "hvdkit.selfcheck"), controller="gloo")
     argv = list(plan_launch(launch, BuildFlags(mpi=False, gloo=True)).argv)
     start = time.time()
     rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
