@@ -1,4 +1,4 @@
-"""Imports run one way, cli -> bench -> adapters -> core, and no module imports itself back through others.
+"""Imports run one way, cli -> bench -> adapters -> backends -> core, and no module imports itself back through others.
 
 Read from the source (every ``import``, lazy ones inside functions too), so
 the check needs neither Horovod nor a framework.
