@@ -32,7 +32,7 @@ class TensorFlowBackend(Backend):
         info = tf.sysconfig.get_build_info()
         return info.get("cuda_version") if info.get("is_cuda_build") else None
 
-    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None):
+    def pin(self, rank: int, local_rank: int, local_size: int):
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)))
@@ -48,13 +48,15 @@ class TensorFlowBackend(Backend):
 
             # Pin first: Horovod's TensorFlow collectives start TensorFlow's runtime, which fixes the visible GPUs.
             return pin_gpu(view, gather, pin, pin_first=True), "/GPU:0"   # the only GPU TensorFlow now sees
-        if threads is not None and tf.config.threading.get_intra_op_parallelism_threads() != threads:
+        return None, "/CPU:0"
+
+    def set_threads(self, threads: int) -> None:
+        if tf.config.threading.get_intra_op_parallelism_threads() != threads:
             # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
             try:
                 tf.config.threading.set_intra_op_parallelism_threads(threads)
             except RuntimeError:
                 pass
-        return None, "/CPU:0"
 
     def seed(self, value: int) -> None:
         tf.random.set_seed(value)

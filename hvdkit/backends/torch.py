@@ -31,15 +31,16 @@ class TorchBackend(Backend):
     def cuda_build(self) -> str | None:
         return torch.version.cuda
 
-    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None):
+    def pin(self, rank: int, local_rank: int, local_size: int):
         if torch.cuda.is_available():
             # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
             view = GPUView.here(rank, local_rank, local_size, cuda_driver.torch_gpu_uuids(torch))
             gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
             return gpu, torch.device("cuda", gpu)
-        if threads is not None:
-            torch.set_num_threads(threads)
         return None, torch.device("cpu")
+
+    def set_threads(self, threads: int) -> None:
+        torch.set_num_threads(threads)
 
     def seed(self, value: int) -> None:
         torch.manual_seed(value)

@@ -90,11 +90,15 @@ class Backend(ABC):
         """The CUDA version the framework was built for; None for a CPU-only build."""
 
     @abstractmethod
-    def pin(self, rank: int, local_rank: int, local_size: int, threads: int | None) -> tuple[int | None, Any]:
-        """Pin this rank's GPU (via :func:`hvdkit.core.topology.pin_gpu`) or set CPU threads.
+    def pin(self, rank: int, local_rank: int, local_size: int) -> tuple[int | None, Any]:
+        """Pin this rank's GPU (via :func:`hvdkit.core.topology.pin_gpu`), if the host has one for it.
 
         Returns the GPU index (None on CPU) and the device in the framework's type.
         """
+
+    @abstractmethod
+    def set_threads(self, threads: int) -> None:
+        """The framework's intra-op thread count (where it can still be set)."""
 
     @abstractmethod
     def seed(self, value: int) -> None:

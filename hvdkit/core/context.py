@@ -61,7 +61,7 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     own); the ranks compare the GPUs' UUIDs first and raise
     :class:`hvdkit.core.topology.NoGPUError` if two would share one, or if
     the host has GPUs the framework cannot use (an old driver).
-    ``threads`` is the intra-op thread count on the CPU; by default the
+    ``threads`` is the intra-op thread count; by default, on the CPU, the
     host's cores are shared among its local ranks (unless OMP_NUM_THREADS is
     set). ``seed_hook`` seeds what the adapter adds (Keras's own seed).
     """
@@ -72,28 +72,31 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
     backend.hvd.init()
     where = backend.topology()
-    if threads is None:
+    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"])
+    if threads is None and gpu is None:
         threads = cpu_threads_per_rank(where["local_size"])
-    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], threads)
+    if threads is not None:           # given, or the CPU default: on a GPU only when asked for
+        backend.set_threads(threads)
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
     if seed is not None:
         seed_everything(seed, rank=where["rank"])
     return _process.context
 
 
-def _not_initialised(adapter: str) -> RuntimeError:
-    return RuntimeError(f"{adapter}.init() has not been called: call ctx = {adapter}.init() at the top of your "
-                        "script, before building the model")
+def _not_initialised(adapter: str | None) -> RuntimeError:
+    how = f"ctx = {adapter}.init()" if adapter else "ctx = hvdkit.torch.init() (or hvdkit.keras.init())"
+    return RuntimeError(f"init() has not been called: call {how} at the top of your script, before building the "
+                        "model")
 
 
-def current(adapter: str = "hvdkit.torch") -> Context:
+def current(adapter: str | None = None) -> Context:
     """The context made by :func:`init`; a clear error naming ``adapter``'s init if it was not called."""
     if _process is None or not _process.backend.hvd.is_initialized():
         raise _not_initialised(_process.adapter if _process else adapter)
     return _process.context
 
 
-def backend(adapter: str = "hvdkit.torch") -> Backend:
+def backend(adapter: str | None = None) -> Backend:
     """The backend :func:`init` was given; a clear error if it was not called.
 
     Unlike :func:`current` it does not ask Horovod whether it is running: an
@@ -107,7 +110,7 @@ def backend(adapter: str = "hvdkit.torch") -> Backend:
 def refresh() -> Context:
     """Re-read rank and size after Horovod re-initialised (an elastic reset); mode and device stay."""
     if _process is None:
-        raise _not_initialised("hvdkit.torch")
+        raise _not_initialised(None)
     _process.context = replace(_process.context, **_process.backend.topology())
     return _process.context
 

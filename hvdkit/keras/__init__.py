@@ -27,7 +27,7 @@ _WHERE = {
     "get_logger": "hvdkit.core.console", "progress": "hvdkit.core.console",
     "REQUEUE_EXIT_CODE": "hvdkit.core.preemption", "PreemptionGuard": "hvdkit.core.preemption",
     "metric_average": "hvdkit.core.metrics",
-    "callbacks": "hvdkit.keras.callbacks",
+    "callbacks": "hvdkit.keras.fit_callbacks",
     "CheckpointError": "hvdkit.keras.checkpoint", "check_checkpoint_path": "hvdkit.keras.checkpoint",
     "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",
     "Context": "hvdkit.keras.context", "current": "hvdkit.keras.context", "init": "hvdkit.keras.context",
@@ -54,8 +54,14 @@ def __getattr__(name: str):
 
         return backend_for(resolve_backend()).hvd
     if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
+        value = getattr(import_module(_WHERE[name]), name)
+        globals()[name] = value        # bound once; later lookups do not come here
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

@@ -93,11 +93,11 @@ def named_variables(model, optimizer=None) -> list[tuple[str, object]]:
     """The model's variables by structural name, then the optimizer's by position; what checkpoints match on.
 
     A model variable's name is the path of layers to it, each layer named by
-    its class and its place among its parent's layers of that class, then the
-    variable's own name: ``model/dense/kernel``, ``model/dense_1/bias``,
-    ``model/batch_normalization/moving_mean`` (as Keras's own ``.weights.h5``
-    names them). Layer names Keras gives (``dense_7``, numbered per process)
-    and the model's name play no part, so a model built twice in one process
+    its class (snake case, as Keras names layers by default) and its place
+    among its parent's layers of that class, then the variable's own name:
+    ``model/dense/kernel``, ``model/dense_1/bias``, ``model/conv2d/kernel``,
+    ``model/batch_normalization/moving_mean``. The layer names Keras gives
+    (``dense_7``, numbered per process) and the model's name play no part, so a model built twice in one process
     matches. Optimizer variables are ``optimizer/<index>`` (shapes checked): their order
     follows the model's trainable variables, as a torch optimizer's state
     follows its parameters' indices.
@@ -119,12 +119,18 @@ def _short_name(variable) -> str:
 def _name_layers(prefix: str, layer, names: dict[int, str]) -> None:
     counts: dict[str, int] = {}
     for child in getattr(layer, "layers", None) or []:
-        kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(child).__name__).lower()
+        kind = _snake_case(type(child).__name__)
         counts[kind] = counts.get(kind, 0) + 1
         _name_layers(f"{prefix}{kind if counts[kind] == 1 else f'{kind}_{counts[kind] - 1}'}/", child, names)
     own = [v for v in layer.variables if id(v) not in names]     # a leaf's, or what a container holds itself
     for name, v in _numbered_duplicates([(f"{prefix}{_short_name(v)}", v) for v in own]):
         names[id(v)] = name
+
+
+def _snake_case(name: str) -> str:
+    """A class name as Keras names a layer by default: Conv2D -> conv2d, BatchNormalization -> batch_normalization."""
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def _numbered_duplicates(named: list[tuple[str, object]]) -> list[tuple[str, object]]:

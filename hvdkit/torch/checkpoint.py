@@ -131,7 +131,12 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     is left waiting in a broadcast).
     """
     body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank)
-    model.load_state_dict(body["model"])
+    try:
+        model.load_state_dict(body["model"])
+    except RuntimeError as exc:         # torch names the missing, unexpected and reshaped keys
+        why = " ".join(str(exc).split())
+        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not match this model ({why[:400]}): build the "
+                              "same architecture as the saving script before loading") from exc
     if optimizer is not None:
         if body["optimizer"] is None:
             raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no optimizer state: pass optimizer=None "

@@ -123,6 +123,7 @@ def allreduce_sum(values: list[float] | torch.Tensor, name: str) -> torch.Tensor
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
+@torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entropy) -> dict[str, float]:
     """Loss and accuracy over the whole dataset behind ``loader``'s shards, exact across ranks.
 

@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,3 +38,15 @@ def test_use_backend_sets_the_mode_keras_will_read(tmp_path):
     with pytest.raises(BackendError, match="KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch"):
         use_backend("jax", env)     # refused before any Keras is imported
     assert env["KERAS_BACKEND"] == "jax" and "TF_USE_LEGACY_KERAS" not in env
+
+
+def test_adapter_names_resolve_to_the_same_object_every_time():
+    # hk.callbacks is a function, however often it is looked up and whatever was imported before.
+    code = ("import hvdkit.keras as hk, hvdkit.keras.fit_callbacks\n"
+            "a, b = hk.callbacks, hk.callbacks\n"
+            "assert callable(a) and a is b, (a, b)\n"
+            "assert {'callbacks', 'elastic', 'hvd', 'init'} <= set(dir(hk))\n"
+            "assert hk.elastic.run is hk.elastic.run\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]

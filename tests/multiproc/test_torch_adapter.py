@@ -129,6 +129,8 @@ def test_misuse_gets_errors_that_name_the_fix(launch):
     assert "model.to(ctx.device)" in e["model_on_other_device"]
     assert "does not exist" in e["missing_checkpoint"]
     assert "corrupt" in e["corrupt_checkpoint"]
+    assert e["other_architecture"].startswith("CheckpointError: ") and "size mismatch for weight" in \
+        e["other_architecture"] and "build the same architecture" in e["other_architecture"], e["other_architecture"]
     assert r0["state_kept"] is True, "DistributedOptimizer must keep the momentum the optimizer already had"
 
 

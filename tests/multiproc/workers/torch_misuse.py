@@ -37,6 +37,8 @@ capture("missing_checkpoint", lambda: hk.load_checkpoint(args.out + "/nope.pt", 
 with open(args.out + "/corrupt.pt", "wb") as f:
     f.write(b"not a checkpoint")
 capture("corrupt_checkpoint", lambda: hk.load_checkpoint(args.out + "/corrupt.pt", model))
+hk.save_checkpoint(args.out + "/linear3.pt", model)
+capture("other_architecture", lambda: hk.load_checkpoint(args.out + "/linear3.pt", nn.Linear(3, 4)))
 # Not an error case: state the optimizer already has (here a momentum buffer) survives the wrapping,
 # which Horovod's own wrapper drops when it rebuilds the optimizer from param_groups.
 stateful = nn.Linear(3, 3)
