@@ -44,6 +44,8 @@ def run(func: Callable) -> Callable:
 class ElasticCommits:
     step: int
     epoch: int
+    # Each state class says how a reset's rates reach its optimizer (torch: per param group; Keras: one rate).
+    _set_learning_rates: Callable[[list[float]], None]
 
     def _init_commits(self, commit_every: int, base_lr) -> None:
         if commit_every < 1:
@@ -57,9 +59,6 @@ class ElasticCommits:
         ctx = context.refresh()
         if self._base_lr is not None:
             self._set_learning_rates([scale_lr_for(base, ctx) for base in self._base_lr])
-
-    def _set_learning_rates(self, rates: list[float]) -> None:
-        raise NotImplementedError
 
     def register_commit_callbacks(self, callbacks: list[Callable]) -> None:
         """Called right after each commit is saved, before host updates are checked (e.g. to log the step)."""
