@@ -8,15 +8,18 @@ torchrun). All get the same OMP_NUM_THREADS from the runner.
 
 Every step is split into input wait (next batch), compute (forward and
 backward), allreduce (the gradient communication left after backward) and
-update (optimizer step). Horovod's allreduce is what ``optimizer.synchronize()``
-waits for. DDP runs its allreduce inside backward, so its share is estimated:
-backward with communication minus backward under ``no_sync()``, measured in
-the warm-up steps.
+update (optimizer step). Horovod's allreduce, written by hand, is what
+``optimizer.synchronize()`` waits for. hvdkit and DDP wait inside backward
+(gradients are averaged when it returns), so their share is estimated:
+backward with communication minus backward without it (DDP's ``no_sync()``;
+for hvdkit a copy of the model that has no allreduce hooks), measured in extra
+steps before the warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -47,14 +50,17 @@ class Job(ABC):
     """What differs between the implementations: setup (model, optimizer, loader) and how gradients are averaged.
 
     ``horovod_optimizer``: gradients are averaged by a Horovod
-    DistributedOptimizer, whose remaining wait (``synchronize()``) is timed
-    on its own; otherwise (DDP) backward has already averaged them.
+    DistributedOptimizer (so Horovod tells the controller). ``averages_in_backward``:
+    backward returns averaged gradients (hvdkit, DDP), so the allreduce's share
+    is backward minus :meth:`local_backward`; otherwise (Horovod by hand) it is
+    what ``synchronize()`` still waits for, timed on its own.
     """
 
     rank = size = 0
     device = torch.device("cpu")
     controller = ""
     horovod_optimizer = True
+    averages_in_backward = True
 
     def __init__(self, args):
         self.args = args
@@ -67,6 +73,10 @@ class Job(ABC):
     def close(self) -> None:
         """Shut the library down on this rank."""
 
+    def local_backward(self, model, x, y) -> None:
+        """Forward and backward with no communication, to time the compute alone."""
+        raise NotImplementedError(f"{type(self).__name__} times its allreduce in synchronize()")
+
 
 class HvdkitJob(Job):
     def setup(self, model, data):
@@ -78,15 +88,23 @@ class HvdkitJob(Job):
         optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9)
         optimizer = hk.DistributedOptimizer(optimizer, model)
         hk.broadcast_state(model, optimizer)
+        # The copy's parameters are new tensors, so the optimizer's allreduce hooks are not on them.
+        self.local_model = copy.deepcopy(model)
         loader = hk.distributed_loader(data, self.args.batch_size, shuffle=True, seed=0, drop_last=True)
         return model, optimizer, loader
 
     def close(self) -> None:
         """Nothing to do: Horovod shuts itself down when the process exits."""
 
+    def local_backward(self, model, x, y) -> None:
+        self.local_model.zero_grad(set_to_none=True)
+        F.cross_entropy(self.local_model(x), y).backward()
+
 
 class HorovodJob(HvdkitJob):
     """Written the way Horovod's examples/pytorch/pytorch_mnist.py is."""
+
+    averages_in_backward = False
 
     def setup(self, model, data):
         import horovod.torch as hvd
@@ -135,6 +153,10 @@ class DdpJob(Job):
 
         dist.destroy_process_group()
 
+    def local_backward(self, model, x, y) -> None:
+        with model.no_sync():       # no update follows, so the ranks stay equal
+            F.cross_entropy(model(x), y).backward()
+
 
 JOBS = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "torch.distributed": DdpJob}
 
@@ -162,8 +184,8 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
             torch.cuda.synchronize()
         return clock()
 
-    # DDP first runs extra steps under no_sync() (backward without communication).
-    calibrate = max(steps // 3, 5) if isinstance(job, DdpJob) else 0
+    # Extra steps first, backward without communication, where the allreduce hides in backward.
+    calibrate = max(steps // 3, 5) if job.averages_in_backward else 0
     for i in range(-calibrate, warmup + steps):
         t0 = sync_clock()
         x, y = next(it)
@@ -171,17 +193,15 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
         t1 = sync_clock()
         optimizer.zero_grad()
         if i < 0:
-            # DDP's allreduce hides in backward: time backward alone here (no update, ranks stay equal).
-            with job.model.no_sync():
-                F.cross_entropy(model(x), y).backward()
+            job.local_backward(model, x, y)
             local_compute.append(sync_clock() - t1)
             continue
         F.cross_entropy(model(x), y).backward()
         t2 = sync_clock()
-        if job.horovod_optimizer:
+        if not job.averages_in_backward:
             optimizer.synchronize()
         t3 = sync_clock()
-        if job.horovod_optimizer:
+        if not job.averages_in_backward:
             with optimizer.skip_synchronize():
                 optimizer.step()
         else:

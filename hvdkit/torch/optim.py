@@ -80,7 +80,55 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     # wrapping). Carry it over.
     if optimizer.state:
         wrapped.load_state_dict(optimizer.state_dict())
+    _AverageWhenBackwardReturns(wrapped)
     return wrapped
+
+
+class _AverageWhenBackwardReturns:
+    """DDP's guarantee for Horovod's optimizer: gradients are averaged when ``backward()`` returns.
+
+    Horovod starts each gradient's allreduce from a hook as soon as autograd
+    has accumulated it (the overlap with the rest of backward), but waits for
+    the results only in ``step()``. Anything between backward and step (a
+    ``clip_grad_norm_``, a gradient norm logged, a hand-written update) then
+    sees this rank's own gradients, not the average, and nothing says so.
+    Here a second hook on each gradient accumulator queues one autograd
+    end-of-backward callback per backward pass (as DDP's reducer does) that
+    waits for the allreduces that pass started. With
+    ``backward_passes_per_step=k`` the first k-1 passes start none, so they
+    stay local, as under DDP's ``no_sync()``. ``synchronize()`` and ``step()``
+    then find nothing left to wait for.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.horovod_synchronize = type(optimizer).synchronize
+        self.queued = False
+        self.averaged = False
+        for accumulator in optimizer._grad_accs:     # empty at size 1: Horovod registers no hooks
+            accumulator.register_hook(self._after_accumulation)
+        optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
+
+    def _after_accumulation(self, *_):
+        # Runs after Horovod's hook on the same accumulator, so its allreduce has started.
+        if not self.queued:
+            self.queued, self.averaged = True, False
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        self.queued = False
+        if any(handle is not None for handle, _ in self.optimizer._handles.values()):
+            self.synchronize()
+
+    def synchronize(self) -> None:
+        """Wait for the allreduces; a no-op when the last backward pass already did."""
+        if self.averaged and not self.optimizer._handles:
+            return
+        self.horovod_synchronize(self.optimizer)
+        # Horovod's step() warns when _synchronized is set (it expects skip_synchronize()); the
+        # flag only means "averaged since the last step", which self.averaged now records.
+        self.optimizer._synchronized = False
+        self.averaged = True
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -129,38 +177,29 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int | None 
 
 def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, *, scaler=None,
          max_grad_norm: float | None = None) -> None:
-    """backward + (unscale, clip) + step in the order Horovod needs; the AMP one-liner.
+    """backward + (unscale, clip) + step: the AMP one-liner.
 
-    With a ``torch.amp.GradScaler`` or gradient clipping, gradients must be
-    averaged (``synchronize()``) before they are unscaled or clipped, and the
-    step must then not average again (``skip_synchronize()``)::
+    Gradients are averaged when ``backward()`` returns (see
+    :class:`_AverageWhenBackwardReturns`), so this is the single-process
+    recipe unchanged::
 
         scaler.scale(loss).backward()
-        optimizer.synchronize()
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        with optimizer.skip_synchronize():
-            scaler.step(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        scaler.step(optimizer)
         scaler.update()
 
     Intended for ``backward_passes_per_step=1``; with accumulation, call
     ``loss.backward()`` per micro-batch and ``optimizer.step()`` yourself.
     """
-    if scaler is None and max_grad_norm is None:
-        loss.backward()
-        optimizer.step()
-        return
     (scaler.scale(loss) if scaler is not None else loss).backward()
-    optimizer.synchronize()
     if scaler is not None:
         scaler.unscale_(optimizer)
     if max_grad_norm is not None:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    with optimizer.skip_synchronize():
-        if scaler is not None:
-            scaler.step(optimizer)
-        else:
-            optimizer.step()
     if scaler is not None:
+        scaler.step(optimizer)
         scaler.update()
+    else:
+        optimizer.step()

@@ -45,6 +45,25 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(launch, optimizer, mi
     assert r0["max_param_diff"] < 1e-5
 
 
+@pytest.mark.parametrize("between", ["clip", "read", "manual"])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_gradients_are_averaged_when_backward_returns(launch, between, micro_batches):
+    # As under DDP: clip_grad_norm_, a gradient read or a hand-written update between backward()
+    # and step() sees the average. Before, each saw this rank's own gradients (clipped norm 0.205
+    # instead of 0.25 in the word-language-model adaptation) and nothing said so.
+    r0, r1 = launch(2, "torch_equivalence.py", "--optimizer", "sgd", "--between", between,
+                    "--micro-batches", str(micro_batches))
+    assert r0["size"] == r1["size"] == 2
+    assert r0["param_change"] > 1e-4, "the steps must actually move the weights"
+    if between == "clip":
+        assert min(r0["clip_norms"]) > 0.05, "gradients must exceed the clip norm for the test to mean anything"
+    if between != "manual":
+        key = "clip_norms" if between == "clip" else "grad_norms"
+        for r in (r0, r1):      # clip_grad_norm_ returns the norm before clipping
+            assert np.allclose(r[f"my_{key}"], r0[key], rtol=1e-9, atol=0), (r[f"my_{key}"], r0[key])
+    assert r0["max_param_diff"] < 1e-9
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_amp_step_with_clipping_matches_one_process(launch, optimizer):
     r0, _ = launch(2, "torch_equivalence.py", "--optimizer", optimizer, "--amp")

@@ -16,6 +16,11 @@ p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--micro-batches", type=int, default=1, help="backward passes per step")
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--amp", action="store_true", help="hk.step with a GradScaler and gradient clipping")
+p.add_argument("--between", choices=["none", "clip", "read", "manual"], default="none",
+               help="what the script does between backward() and step(), as users write it without hk.step: "
+                    "clip_grad_norm_, read the gradient norm, or a hand-written SGD update instead of step()")
+p.add_argument("--compile", choices=["none", "before", "after"], default="none",
+               help="torch.compile the model before or after wrapping the optimizer")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
@@ -30,11 +35,38 @@ y_all = torch.randint(0, 10, (args.steps, ctx.size * B))
 model = SmallNet()
 reference = copy.deepcopy(model)
 initial = copy.deepcopy(model)
+if args.compile == "before":
+    model = torch.compile(model)
 opt = hk.DistributedOptimizer(make_optimizer(args.optimizer, model.parameters()), model,
                               backward_passes_per_step=k)
+if args.compile == "after":
+    model = torch.compile(model)
 hk.broadcast_state(model, opt)
 CLIP = 0.05                     # small enough that clipping really happens
+LR = 0.05                       # the hand-written SGD's rate
 scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp else None
+
+
+def grad_norm(module):
+    return torch.cat([p.grad.flatten() for p in module.parameters()]).norm().item()
+
+
+def between(module, optimizer, result):
+    """What a single-process script does after backward(); the same code runs on both sides."""
+    if args.between == "clip":
+        result.setdefault("clip_norms", []).append(torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP).item())
+    elif args.between == "read":
+        result.setdefault("grad_norms", []).append(grad_norm(module))
+    if args.between == "manual":
+        with torch.no_grad():
+            for param in module.parameters():
+                param -= LR * param.grad
+    else:
+        optimizer.step()
+
+
+result = {"rank": ctx.rank, "size": ctx.size}
+mine = {}
 for step in range(args.steps):
     xs = x_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
@@ -45,9 +77,8 @@ for step in range(args.steps):
     for m in range(k):          # k micro-batches of B/k; loss / k so the accumulated sum is a mean
         sl = slice(m * B // k, (m + 1) * B // k)
         (F.cross_entropy(model(xs[sl]), ys[sl]) / k).backward()
-    opt.step()
-
-result = {"rank": ctx.rank, "size": ctx.size}
+    between(model, opt, mine)
+result.update({f"my_{key}": value for key, value in mine.items()})
 if ctx.rank == 0:
     # BatchNorm normalises per forward pass, so the single process must see the same
     # per-pass batches: ranks' micro-batches, forwarded one after another.
@@ -63,7 +94,9 @@ if ctx.rank == 0:
         if args.amp:            # a power-of-two scale unscales exactly; clipping is what remains
             result.setdefault("clip_norms", []).append(
                 torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP).item())
-        ref_opt.step()
+            ref_opt.step()
+        else:
+            between(reference, ref_opt, result)
     diffs = [(a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())]
     result["max_param_diff"] = max(diffs)
     result["param_change"] = max((a - b).abs().max().item()
