@@ -36,7 +36,7 @@ from hvdkit.core.checkpoint_files import (
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
 from hvdkit.torch.context import ADAPTER, current
-from hvdkit.torch.tensors import to_cpu
+from hvdkit.torch.tensors import plain_module, to_cpu
 
 FORMAT = "hvdkit.torch/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
 LEGACY_FORMAT = "hvdkit.torch/1"
@@ -76,7 +76,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "format": FORMAT,
         "hvdkit_version": hvdkit.__version__,
         "world_size": ctx.size,
-        "model": to_cpu(model.state_dict()),
+        "model": to_cpu(plain_module(model).state_dict()),
         "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "extra": extra,
     }
@@ -114,7 +114,8 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
     def need() -> int:
         if model is None:
             return 0
-        size = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
+        size = sum(t.numel() * t.element_size() for t in plain_module(model).state_dict().values()
+                   if torch.is_tensor(t))
         return size * (3 if optimizer is not None else 1)
 
     check_on_root(path, need, context.backend(ADAPTER))
@@ -132,7 +133,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     """
     body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank)
     try:
-        model.load_state_dict(body["model"])
+        plain_module(model).load_state_dict(body["model"])
     except RuntimeError as exc:         # torch names the missing, unexpected and reshaped keys
         why = " ".join(str(exc).split())
         raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not match this model ({why[:400]}): build the "

@@ -17,7 +17,7 @@ from hvdkit.core import context, state
 from hvdkit.core.lr import reduce_options, scale_lr_for, warmup_lr
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
-from hvdkit.torch.tensors import to_cpu
+from hvdkit.torch.tensors import plain_module, to_cpu
 
 
 def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
@@ -48,6 +48,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
                         "call DistributedOptimizer(optimizer, model)")
+    model = plain_module(model)             # the same names whether compiled or not
     op, compression = reduce_options(op, compression)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
@@ -145,7 +146,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     single-process run.
     """
     backend = context.backend(ADAPTER)
-    named = [(n, t) for n, t in model.state_dict().items() if torch.is_tensor(t)]
+    named = [(n, t) for n, t in plain_module(model).state_dict().items() if torch.is_tensor(t)]
     state.broadcast_state(backend, named, root_rank, what="model")   # in place: state_dict shares storage
     if optimizer is None:
         return

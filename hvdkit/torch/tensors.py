@@ -1,6 +1,8 @@
-"""Tensor-tree helpers shared by the optimizer broadcast and checkpoints."""
+"""Tensor-tree and module helpers shared by the optimizer, its broadcast and checkpoints."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -17,3 +19,16 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+def plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module ``torch.compile`` wrapped, else ``model`` itself.
+
+    A compiled model's ``state_dict`` and parameter names carry an
+    ``_orig_mod.`` prefix; going through the original module keeps names,
+    broadcasts and checkpoints the same whether a script compiles (before or
+    after wrapping the optimizer) or not, so a checkpoint written by a
+    compiled run loads into a plain model for inference and back.
+    """
+    dynamo = sys.modules.get("torch._dynamo")       # not imported: nothing can have been compiled
+    return model._orig_mod if dynamo and isinstance(model, dynamo.eval_frame.OptimizedModule) else model

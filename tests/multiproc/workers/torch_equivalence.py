@@ -21,12 +21,15 @@ p.add_argument("--between", choices=["none", "clip", "read", "manual"], default=
                     "clip_grad_norm_, read the gradient norm, or a hand-written SGD update instead of step()")
 p.add_argument("--compile", choices=["none", "before", "after"], default="none",
                help="torch.compile the model before or after wrapping the optimizer")
+p.add_argument("--autocast", action="store_true", help="forward passes under CPU autocast (bfloat16), both sides")
+p.add_argument("--checkpoint", help="save after training, then load into a plain (uncompiled) SmallNet")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
 # float64, so that 1e-5 measures the algorithm rather than float32 summation order
 # (Adam's m/sqrt(v) amplifies roundoff in tiny gradients to ~1e-5 in float32).
-torch.set_default_dtype(torch.float64)
+if not args.autocast:           # autocast lowers float32 only
+    torch.set_default_dtype(torch.float64)
 torch.manual_seed(0)
 B, k = 8, args.micro_batches
 x_all = torch.randn(args.steps, ctx.size * B, 1, 8, 8)
@@ -45,6 +48,14 @@ hk.broadcast_state(model, opt)
 CLIP = 0.05                     # small enough that clipping really happens
 LR = 0.05                       # the hand-written SGD's rate
 scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp else None
+result = {"rank": ctx.rank, "size": ctx.size}
+
+
+def forward(module, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+        out = module(x)
+    result.setdefault("logit_dtypes", set()).add(str(out.dtype))
+    return out.float() if args.autocast else out
 
 
 def grad_norm(module):
@@ -65,20 +76,26 @@ def between(module, optimizer, result):
         optimizer.step()
 
 
-result = {"rank": ctx.rank, "size": ctx.size}
 mine = {}
 for step in range(args.steps):
     xs = x_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     opt.zero_grad()
     if args.amp:                # the one-liner: scale, backward, synchronize, unscale, clip, step
-        hk.step(opt, F.cross_entropy(model(xs), ys), scaler=scaler, max_grad_norm=CLIP)
+        hk.step(opt, F.cross_entropy(forward(model, xs), ys), scaler=scaler, max_grad_norm=CLIP)
         continue
     for m in range(k):          # k micro-batches of B/k; loss / k so the accumulated sum is a mean
         sl = slice(m * B // k, (m + 1) * B // k)
-        (F.cross_entropy(model(xs[sl]), ys[sl]) / k).backward()
+        (F.cross_entropy(forward(model, xs[sl]), ys[sl]) / k).backward()
     between(model, opt, mine)
 result.update({f"my_{key}": value for key, value in mine.items()})
+if args.checkpoint:
+    hk.save_checkpoint(args.checkpoint, model, opt)
+    plain = SmallNet()
+    hk.load_checkpoint(args.checkpoint, plain, make_optimizer(args.optimizer, plain.parameters()))
+    result["checkpoint_keys"] = sorted(torch.load(args.checkpoint, weights_only=True)["model"])
+    result["checkpoint_diff"] = max((a - b).abs().max().item() for a, b in zip(model.parameters(),
+                                                                               plain.parameters()))
 if ctx.rank == 0:
     # BatchNorm normalises per forward pass, so the single process must see the same
     # per-pass batches: ranks' micro-batches, forwarded one after another.
@@ -89,7 +106,7 @@ if ctx.rank == 0:
             for m in range(k):
                 lo = r * B + m * B // k
                 hi = r * B + (m + 1) * B // k
-                loss = F.cross_entropy(reference(x_all[step, lo:hi]), y_all[step, lo:hi]) / (k * ctx.size)
+                loss = F.cross_entropy(forward(reference, x_all[step, lo:hi]), y_all[step, lo:hi]) / (k * ctx.size)
                 loss.backward()
         if args.amp:            # a power-of-two scale unscales exactly; clipping is what remains
             result.setdefault("clip_norms", []).append(
@@ -101,4 +118,5 @@ if ctx.rank == 0:
     result["max_param_diff"] = max(diffs)
     result["param_change"] = max((a - b).abs().max().item()
                                  for a, b in zip(model.parameters(), initial.parameters()))
+result["logit_dtypes"] = sorted(result["logit_dtypes"])
 write_result(args.out, ctx.rank, result)
