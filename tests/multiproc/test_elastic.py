@@ -6,12 +6,10 @@ survives it (below), separate hosts do too (tests/multihost/test_elastic_hosts.p
 """
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT, _tool, hvdkit_cmd, job_env
@@ -57,6 +55,13 @@ def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, 
         assert "--min-np 1 --max-np 2 --host-discovery-script" in job.output and "--network-interface lo" in job.output
 
 
+def _process_info(process: psutil.Process) -> tuple[list[str], dict[str, str]]:
+    try:
+        return process.cmdline(), process.environ()
+    except psutil.Error:        # exited since it was listed
+        return [], {}
+
+
 def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
     """The recipe hvdkit launch prints for a one-host elastic job: each slot under its own name for this machine.
     Horovod then blacklists only the failed worker's name and the job finishes on the rest (with 'localhost slots=2'
@@ -69,10 +74,15 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
     job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 8, 180, "8 steps on 2 processes")
-        victim = max(int(p) for p in subprocess.run(
-            ["pgrep", "-f", f"^{sys.executable} {ROOT / 'examples' / 'pytorch_elastic.py'}"],
-            capture_output=True, text=True).stdout.split())
-        os.kill(victim, signal.SIGKILL)
+        # This job's worker on "127.0.0.1", not rank 0 on "localhost": rank 0 logs the commits, and a
+        # commit it made just before dying may never reach the log. (A pgrep over the machine by the
+        # script's name, used before, also found other jobs' workers.)
+        script = str(ROOT / "examples" / "pytorch_elastic.py")
+        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+                   if _process_info(p)[0][:2] == [sys.executable, script]]
+        victims = [p for p in workers if _process_info(p)[1].get("HOROVOD_HOSTNAME") == "127.0.0.1"]
+        assert len(workers) == 2 and len(victims) == 1, [_process_info(p) for p in workers]
+        victims[0].kill()
         assert job.finish(timeout=300) == 0, job.output[-4000:]
     finally:
         job.kill()
