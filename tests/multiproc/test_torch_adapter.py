@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
+from tests.conftest import BIN, ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -150,3 +150,15 @@ def test_demo_reaches_95_percent_on_digits(tmp_path):
     # probe (the patch asks torch first): no TF/absl start-up lines in the output.
     for noise in ("cuda drivers", "absl::InitializeLog", "TensorFlow binary is optimized"):
         assert noise not in proc.stdout, f"TensorFlow was imported by a PyTorch job: {noise!r} in the output"
+
+
+def test_init_under_torchrun_fails_naming_horovodrun(tmp_path):
+    # torchrun starts 2 processes, but each is a one-process Horovod job that would train alone
+    # and write the same checkpoint; init must stop both and name the launcher that works.
+    script = tmp_path / "train.py"
+    script.write_text("import hvdkit.torch as hk\nctx = hk.init()\nprint('trained alone, size', ctx.size)\n")
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = run_job(cmd, timeout=120)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "trained alone" not in proc.stdout
+    assert "WORLD_SIZE=2" in proc.stdout and "horovodrun -np 2" in proc.stdout, proc.stdout[-3000:]
