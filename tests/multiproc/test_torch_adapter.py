@@ -35,6 +35,17 @@ def test_broadcast_of_differently_built_models_raises_on_every_rank(launch):
                                      "there)"), r["error"]
 
 
+def test_training_without_broadcast_state_fails_at_the_first_step_naming_the_fix(launch):
+    r0, r1 = launch(2, "torch_broadcast.py", "--optimizer", "adam", "--state", "empty", "--forget-broadcast",
+                    timeout=120)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0, "the first step must raise, on every rank"
+        assert r["error"] and r["error"].startswith("RanksDivergedError: rank 1's weights differ from rank 0's after "
+                                                    "the first step"), r["error"]
+        assert "call hk.broadcast_state(model, optimizer) after DistributedOptimizer" in r["error"]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_two_ranks_equal_one_process_on_the_combined_batch(launch, optimizer, micro_batches):
