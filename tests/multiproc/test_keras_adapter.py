@@ -171,3 +171,21 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
                    "optimizer": [data[f"optimizer_{i}"] for i in range(header["n_optimizer"])]}
     stored = header.pop(DIGEST_KEY)
     assert check_digest({"header": header, **content, DIGEST_KEY: stored}) is None, "the checkpoint is whole"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fit_without_hvdkit_callbacks_fails_at_the_first_step_naming_the_fix(launch, mode):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", "no_callbacks", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0, "the first step must raise, on every rank"
+        assert r["error"] and "RanksDivergedError: rank 1's weights differ from rank 0's at the first step" in \
+            r["error"] and "pass callbacks=hk.callbacks(...) to fit" in r["error"], r["error"]
+
+
+def test_custom_loop_without_broadcast_state_fails_at_the_first_step(launch):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", "tensorflow", "--case", "custom_loop", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0
+        assert r["error"] and "hk.broadcast_state(model, optimizer)" in r["error"], r["error"]
