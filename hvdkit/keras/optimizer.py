@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from hvdkit.core.errors import UserError
 from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.core.state import check_weights_agree, weights_digest
 from hvdkit.keras.backend import keras_module
@@ -18,8 +19,30 @@ from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
 
 
+class NotDistributedError(UserError, ValueError):
+    """fit runs on several ranks with an optimizer that averages nothing."""
+
+
 def is_distributed(optimizer) -> bool:
     return bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod.")
+
+
+def check_distributed(optimizer) -> None:
+    """Raise :class:`NotDistributedError` if several ranks would train with a plain optimizer.
+
+    ``compile(optimizer="adam")`` (or a Keras optimizer not passed through
+    :func:`DistributedOptimizer`) averages no gradients: each rank trains its
+    own model. The message names the wrapped optimizer at the same rate.
+    """
+    if current().size == 1 or optimizer is None or is_distributed(optimizer):
+        return
+    plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer
+    name = type(plain).__name__
+    raise NotDistributedError(
+        f"the model's optimizer ({name}) is not distributed, so no gradients are averaged and each of the "
+        f"{current().size} ranks trains its own model: compile with optimizer=hk.DistributedOptimizer("
+        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of optimizer=\"{name.lower()}\" "
+        "or a plain optimizer")
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",

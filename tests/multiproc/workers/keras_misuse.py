@@ -4,6 +4,7 @@
 --case custom_loop:        apply_gradients without hk.broadcast_state
 --case string_optimizer:   compile(optimizer="adam"): no averaging at all
 --case unsharded_shuffled: every rank fits the whole, shuffled data set
+--case sharded_shuffled:   all done right: no error and no warning
 """
 
 import argparse
@@ -16,8 +17,8 @@ from rank_results import write_result
 import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
-p.add_argument("--case", choices=["no_callbacks", "custom_loop", "string_optimizer", "unsharded_shuffled"],
-               required=True)
+p.add_argument("--case", required=True, choices=["no_callbacks", "custom_loop", "string_optimizer",
+                                                "unsharded_shuffled", "sharded_shuffled"])
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)   # before init, which reads the backend
