@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +75,16 @@ def broadcast_state(backend: Backend, named: Sequence[tuple[str, Any]], root_ran
 
 class RanksDivergedError(UserError):
     """The ranks' weights differ at the first step: they started from different weights."""
+
+
+def weights_check_applies(size: int) -> bool:
+    """Whether :func:`check_weights_agree` runs at the first step: on several ranks, and not in an elastic job.
+
+    Under elastic Horovod (horovodrun sets HOROVOD_ELASTIC=1) a worker that
+    joins later would wait alone in the gather at its first step, and the
+    elastic state's sync already gives every rank rank 0's weights.
+    """
+    return size > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
 
 
 def weights_digest(arrays) -> tuple[float, float, float]:

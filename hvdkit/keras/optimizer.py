@@ -13,7 +13,7 @@ import re
 
 from hvdkit.core.errors import UserError
 from hvdkit.core.lr import reduce_options, scale_lr_for
-from hvdkit.core.state import check_weights_agree, weights_digest
+from hvdkit.core.state import check_weights_agree, weights_check_applies, weights_digest
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
@@ -128,7 +128,7 @@ def check_weights_at_first_step(variables) -> None:
     apart for the whole run, which no job wants.
     """
     ctx = current()
-    if ctx.size == 1:
+    if not weights_check_applies(ctx.size):
         return
     if ctx.backend == "torch":
         check_weights_agree(backend(), weights_digest(v.numpy() for v in variables), BROADCAST_FIX,

@@ -96,7 +96,7 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
     job wants that. One float64 digest per rank, gathered once
     (:func:`hvdkit.core.state.check_weights_agree`).
     """
-    if current().size == 1:
+    if not state.weights_check_applies(current().size):
         return
 
     def after_step(opt, args, kwargs):
