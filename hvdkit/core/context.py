@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from hvdkit.core import cuda_driver, slurm
 from hvdkit.core.backend import Backend
+from hvdkit.core.errors import UserError
 from hvdkit.core.topology import Topology, cpu_threads_per_rank
 from hvdkit.core.tuning import apply_horovod_defaults
 
@@ -39,6 +41,41 @@ class Context(Topology):
 
     backend: str = "torch"
     device: Any = None
+
+
+# What other launchers tell each process about the job's size, and who sets it. horovodrun's own
+# variables (HOROVOD_SIZE; OMPI_COMM_WORLD_SIZE under --mpi) agree with hvd.size() when it started the job.
+LAUNCHER_SIZE_VARIABLES = {
+    "WORLD_SIZE": "torchrun (or another torch.distributed launcher)",
+    "OMPI_COMM_WORLD_SIZE": "Open MPI's mpirun",
+    "PMI_SIZE": "an MPICH or Intel MPI mpiexec",
+    "MV2_COMM_WORLD_SIZE": "MVAPICH's mpirun",
+}
+
+
+class LauncherError(UserError):
+    """A launcher started several processes that Horovod does not join into one job."""
+
+
+def check_launcher(env: Mapping[str, str], size: int, script: str = "train.py") -> None:
+    """After ``hvd.init()``: raise :class:`LauncherError` if a launcher started N > 1 processes but Horovod sees one.
+
+    torchrun (or an mpirun that Horovod was not built for) starts N copies
+    that each become a one-process Horovod job: each trains alone and all
+    write the same checkpoint. Only a size of 1 is flagged, so a variable
+    inherited from an outer job (a PyTorchJob pod running horovodrun) does
+    not stop a real multi-process Horovod job.
+    """
+    if size != 1:
+        return
+    for variable, launcher in LAUNCHER_SIZE_VARIABLES.items():
+        value = env.get(variable, "")
+        if value.isdigit() and int(value) > 1:
+            n = int(value)
+            raise LauncherError(
+                f"{variable}={n}: {launcher} started {n} processes, but Horovod sees only this one (hvd.size() is "
+                f"1), so each would train alone and write the same checkpoint; launch with `horovodrun -np {n} "
+                f"python {script}` or `hvdkit launch -np {n} -- python {script}` instead")
 
 
 @dataclass
@@ -64,6 +101,8 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     ``threads`` is the intra-op thread count; by default, on the CPU, the
     host's cores are shared among its local ranks (unless OMP_NUM_THREADS is
     set). ``seed_hook`` seeds what the adapter adds (Keras's own seed).
+    A job that another launcher (torchrun) started as several one-process
+    Horovod jobs raises :class:`LauncherError` (:func:`check_launcher`).
     """
     global _process
     on_gpu = backend.has_gpu()
@@ -72,6 +111,8 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
     backend.hvd.init()
     where = backend.topology()
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
+    check_launcher(os.environ, where["size"], script)   # torchrun: N one-process jobs; say the launcher to use
     gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"])
     if threads is None and gpu is None:
         threads = cpu_threads_per_rank(where["local_size"])

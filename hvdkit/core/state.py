@@ -21,8 +21,11 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from hvdkit.core.backend import Backend
 from hvdkit.core.errors import UserError
@@ -68,3 +71,47 @@ def broadcast_state(backend: Backend, named: Sequence[tuple[str, Any]], root_ran
     """``root_rank``'s value of each named tensor, after :func:`check_same_state` (see the module)."""
     check_same_state(backend, named, what)
     return backend.broadcast_tensors([(f"{i}.{n}", t) for i, (n, t) in enumerate(named)], root_rank)
+
+
+class RanksDivergedError(UserError):
+    """The ranks' weights differ at the first step: they started from different weights."""
+
+
+def weights_check_applies(size: int) -> bool:
+    """Whether :func:`check_weights_agree` runs at the first step: on several ranks, and not in an elastic job.
+
+    Under elastic Horovod (horovodrun sets HOROVOD_ELASTIC=1) a worker that
+    joins later would wait alone in the gather at its first step, and the
+    elastic state's sync already gives every rank rank 0's weights.
+    """
+    return size > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+
+
+def weights_digest(arrays) -> tuple[float, float, float]:
+    """(sum, sum of squares, sum of absolute values) of all ``arrays``, in float64: cheap to gather and compare."""
+    total = np.zeros(3)
+    for a in arrays:
+        a = np.asarray(a, dtype=np.float64)
+        total += (a.sum(), np.square(a).sum(), np.abs(a).sum())
+    return tuple(float(x) for x in total)
+
+
+def check_weights_agree(backend: Backend, digest: Sequence[float], fix: str, *, when: str = "after the first step",
+                        rtol: float = 1e-6) -> None:
+    """Raise :class:`RanksDivergedError` on every rank unless all ranks' weight digests agree with rank 0's.
+
+    ``digest`` is this rank's (sum, sum of squares, sum of |w|) of the
+    weights it trains (:func:`weights_digest`, or the same three numbers
+    computed by the framework). Averaged gradients keep identical weights
+    identical (up to float roundoff, hence ``rtol``), so a difference means
+    the ranks started apart: ``hk.init(seed)`` seeds each rank differently
+    and nothing copied rank 0's weights. One small allgather, run once;
+    every rank sees the same gathered digests, so all raise together.
+    """
+    digests = backend.allgather_object(tuple(float(x) for x in digest), name="hvdkit.state.weights_digest")
+    total, squares, scale = digests[0]
+    for rank, (t, s, _) in enumerate(digests[1:], start=1):
+        if abs(t - total) > rtol * max(scale, 1e-30) or abs(s - squares) > rtol * max(squares, 1e-30):
+            raise RanksDivergedError(
+                f"rank {rank}'s weights differ from rank 0's {when} (sum of squares {s:.9g} there, "
+                f"{squares:.9g} on rank 0): the ranks started from different weights; {fix}")

@@ -16,7 +16,11 @@ kept on rank 0 only.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import logging
+
+import numpy as np
 
 from hvdkit.core.checkpoint_files import is_directory_target
 from hvdkit.core.lr import warmup_lr
@@ -26,7 +30,7 @@ from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
-from hvdkit.keras.optimizer import broadcast_state, get_learning_rate, set_learning_rate
+from hvdkit.keras.optimizer import broadcast_state, check_distributed, get_learning_rate, set_learning_rate
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -86,7 +90,14 @@ def _callback_classes(mode: str) -> dict[str, type]:
 
 def _broadcast_initial_state(keras, backend) -> type:
     class BroadcastInitialState(keras.callbacks.Callback):
-        """Copies rank 0's weights and optimizer state before the first step, then checks the data is sharded."""
+        """Copies rank 0's weights and optimizer state before the first step; checks the optimizer and the data.
+
+        At train begin a plain optimizer (``compile(optimizer="adam")``) on
+        several ranks raises, and rank 0 warns if every rank was given the
+        same arrays (:func:`check_data_differs`). After the first batch,
+        rank 0 warns if every rank computed the same loss (unsharded data
+        that fit did not shuffle, e.g. a tf.data pipeline).
+        """
 
         def __init__(self, root_rank: int = 0):
             super().__init__()
@@ -95,6 +106,9 @@ def _broadcast_initial_state(keras, backend) -> type:
             self.checked = False
 
         def on_train_begin(self, logs=None):
+            check_distributed(self.model.optimizer)
+            if current().size > 1:
+                self.checked = check_data_differs(backend, self.model, self.root_rank) or self.checked
             if not self.done:
                 broadcast_state(self.model, self.model.optimizer, self.root_rank)
                 self.done = True
@@ -105,11 +119,56 @@ def _broadcast_initial_state(keras, backend) -> type:
             self.checked = True
             losses = backend.allgather_object(float(logs["loss"]), name="hvdkit.first_loss")
             if current().rank == self.root_rank and len(set(losses)) == 1:
-                log.warning("every rank computed the same loss on its first batch: the data is probably not "
-                            "sharded; use hvdkit.keras.shard_arrays(...) or shard_dataset(...) so each rank "
-                            "trains on its own 1/size of the data")
+                log.warning("hvdkit: every rank computed the same loss on its first batch, so the data is probably "
+                            "not sharded: call x, y = hk.shard_arrays(x, y) (or ds = hk.shard_dataset(ds)) before "
+                            "fit, so each rank trains on its own 1/size of the data")
 
     return BroadcastInitialState
+
+
+def check_data_differs(backend, model, root_rank: int = 0) -> bool:
+    """At train begin, on every rank: True (and a warning on ``root_rank``) if all ranks hold the same ``x``.
+
+    Every rank sends a digest of the arrays it passed to ``fit`` (shape,
+    dtype and up to 256 evenly spaced rows), so unsharded data is found
+    whether or not fit shuffles; ranks that shard by any means (hk.shard_arrays,
+    slicing by rank, tf.data's own ``shard``) differ and are not warned.
+    Data other than numpy arrays (tf.data, generators) sends None: no warning.
+    """
+    digests = backend.allgather_object(_arrays_digest(_fit_inputs(model)), name="hvdkit.fit_data")
+    if digests[0] is None or len(set(digests)) != 1:
+        return False
+    if current().rank == root_rank:
+        log.warning("hvdkit: every rank was given the same training data, so each of the %d ranks trains on all of "
+                    "it: call x, y = hk.shard_arrays(x, y) (or ds = hk.shard_dataset(ds)) before fit, so each rank "
+                    "trains on its own 1/size of the data", len(digests))
+    return True
+
+
+def _fit_inputs(model):
+    """The ``x`` that ``model.fit`` was called with, read from fit's frame; None where it is not found.
+
+    Keras gives callbacks no handle on fit's data, but fit's own frame holds
+    it, named ``x`` in Keras 3's trainers and in tf-keras. A Keras that
+    renames it only loses the check.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return frame.f_locals.get("x")
+        frame = frame.f_back
+    return None
+
+
+def _arrays_digest(x) -> str | None:
+    leaves = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
+    if not leaves or not all(isinstance(a, np.ndarray) and a.ndim for a in leaves):
+        return None
+    h = hashlib.sha256()
+    for a in leaves:
+        h.update(repr((a.shape, a.dtype.str)).encode())
+        h.update(np.ascontiguousarray(a[::max(1, len(a) // 256)]).tobytes())
+    return h.hexdigest()
 
 
 def _metric_average(keras, backend) -> type:

@@ -11,14 +11,38 @@ from __future__ import annotations
 
 import re
 
+from hvdkit.core.errors import UserError
 from hvdkit.core.lr import reduce_options, scale_lr_for
+from hvdkit.core.state import check_weights_agree, weights_check_applies, weights_digest
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
 
 
+class NotDistributedError(UserError, ValueError):
+    """fit runs on several ranks with an optimizer that averages nothing."""
+
+
 def is_distributed(optimizer) -> bool:
     return bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod.")
+
+
+def check_distributed(optimizer) -> None:
+    """Raise :class:`NotDistributedError` if several ranks would train with a plain optimizer.
+
+    ``compile(optimizer="adam")`` (or a Keras optimizer not passed through
+    :func:`DistributedOptimizer`) averages no gradients: each rank trains its
+    own model. The message names the wrapped optimizer at the same rate.
+    """
+    if current().size == 1 or optimizer is None or is_distributed(optimizer):
+        return
+    plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer
+    name = type(plain).__name__
+    raise NotDistributedError(
+        f"the model's optimizer ({name}) is not distributed, so no gradients are averaged and each of the "
+        f"{current().size} ranks trains its own model: compile with optimizer=hk.DistributedOptimizer("
+        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of optimizer=\"{name.lower()}\" "
+        "or a plain optimizer")
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
@@ -35,6 +59,11 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     ``gradient_accumulation_steps``. tf-keras: Horovod's own
     ``horovod.tensorflow.keras.DistributedOptimizer`` (which takes
     ``backward_passes_per_step``).
+
+    At its first step the optimizer checks once that every rank holds the
+    same weights (:func:`check_weights_at_first_step`): a ``fit`` without
+    :func:`hvdkit.keras.callbacks`, or a custom loop without
+    :func:`broadcast_state`, raises instead of training the ranks apart.
     """
     ctx = current()
     op, compression = reduce_options(op, compression)
@@ -44,8 +73,20 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
 
-        return hvd_keras.DistributedOptimizer(optimizer, op=b.reduce_op(op), compression=b.compression(compression),
-                                              backward_passes_per_step=backward_passes_per_step)
+        wrapped = hvd_keras.DistributedOptimizer(optimizer, op=b.reduce_op(op), compression=b.compression(compression),
+                                                 backward_passes_per_step=backward_passes_per_step)
+        horovods_apply, checked = wrapped.apply_gradients, []
+
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            # On the instance: Horovod's class calls super(self.__class__, self), which a subclass would loop.
+            grads_and_vars = list(grads_and_vars)
+            if not checked:
+                checked.append(True)
+                check_weights_at_first_step([v for _, v in grads_and_vars])
+            return horovods_apply(grads_and_vars, *args, **kwargs)
+
+        wrapped.apply_gradients = apply_gradients
+        return wrapped
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
                          f"gradient_accumulation_steps={backward_passes_per_step} instead")
@@ -57,8 +98,13 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
+    checked = []
 
     def apply(self, grads, trainable_variables=None):
+        if not checked:
+            checked.append(True)
+            check_weights_at_first_step(self._trainable_variables if trainable_variables is None
+                                        else trainable_variables)
         return base.apply(self, allreduce_gradients(b, list(grads), op, compression), trainable_variables)
 
     # Swap the class in place: the optimizer keeps its config, variables and
@@ -66,6 +112,33 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
                                {"apply": apply, "_hvdkit_distributed": True, "__module__": __name__})
     return optimizer
+
+
+BROADCAST_FIX = ("pass callbacks=hk.callbacks(...) to fit, which copies rank 0's weights first (in a custom loop, "
+                 "call hk.broadcast_state(model, optimizer) before it)")
+
+
+def check_weights_at_first_step(variables) -> None:
+    """Raise on every rank if the ranks' ``variables`` differ before the first update (see the core's check).
+
+    Called once from the distributed optimizer's first apply, before the
+    gradients are applied: in ``fit`` on TensorFlow that is while the train
+    step is traced, so the values are read (and gathered) eagerly, outside
+    the graph. An error rather than a warning: ranks that start apart stay
+    apart for the whole run, which no job wants.
+    """
+    ctx = current()
+    if not weights_check_applies(ctx.size):
+        return
+    if ctx.backend == "torch":
+        check_weights_agree(backend(), weights_digest(v.numpy() for v in variables), BROADCAST_FIX,
+                            when="at the first step")
+        return
+    import tensorflow as tf
+
+    with tf.init_scope():
+        check_weights_agree(backend(), weights_digest(v.numpy() for v in variables), BROADCAST_FIX,
+                            when="at the first step")
 
 
 def optimizer_variables(optimizer) -> list:

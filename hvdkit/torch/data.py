@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -23,12 +24,16 @@ from hvdkit.backends.torch import hvd
 from hvdkit.core.sharding import shard_slice, shard_together, take_shard
 from hvdkit.torch.context import current
 
+log = logging.getLogger("hvdkit.torch")
+
 
 class ResumableDistributedSampler(DistributedSampler):
     """DistributedSampler that can start mid-epoch: ``set_epoch(epoch, start_batch=k)``.
 
     Every rank must resume at the same (epoch, batch) to see exactly the
-    samples it would have seen without the interruption.
+    samples it would have seen without the interruption. Iterating a shuffling
+    sampler twice without ``set_epoch`` in between logs one warning: every
+    epoch would see the same order.
     """
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, shuffle: bool,
@@ -37,12 +42,21 @@ class ResumableDistributedSampler(DistributedSampler):
                          seed=seed, drop_last=drop_last)
         self.batch_size = batch_size
         self.start_index = 0
+        self._iterated_since_set_epoch = False
+        self._warned = False
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         super().set_epoch(epoch)
         self.start_index = start_batch * self.batch_size
+        self._iterated_since_set_epoch = False
 
     def __iter__(self):
+        if self._iterated_since_set_epoch and self.shuffle and not self._warned:
+            self._warned = True
+            log.warning("hvdkit: the sampler starts another pass with the same order as the last (epoch %d), since "
+                        "set_epoch was not called: call train_loader.sampler.set_epoch(epoch) at the start of each "
+                        "epoch", self.epoch)
+        self._iterated_since_set_epoch = True
         indices = list(super().__iter__())
         return iter(indices[self.start_index:])
 

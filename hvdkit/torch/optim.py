@@ -82,6 +82,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     if optimizer.state:
         wrapped.load_state_dict(optimizer.state_dict())
     _AverageWhenBackwardReturns(wrapped)
+    check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
 
 
@@ -130,6 +131,31 @@ class _AverageWhenBackwardReturns:
         # flag only means "averaged since the last step", which self.averaged now records.
         self.optimizer._synchronized = False
         self.averaged = True
+
+
+BROADCAST_FIX = "call hk.broadcast_state(model, optimizer) after DistributedOptimizer, before the first step"
+
+
+def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
+    """Once, after the optimizer's first ``step()``: raise on every rank if the ranks' parameters differ.
+
+    Averaged gradients keep equal weights equal, so ranks that differ after
+    step 1 started apart (``hk.init(seed)`` seeds each rank differently) and
+    would stay apart for the whole run: an error, not a warning, since no
+    job wants that. One float64 digest per rank, gathered once
+    (:func:`hvdkit.core.state.check_weights_agree`).
+    """
+    if not state.weights_check_applies(current().size):
+        return
+
+    def after_step(opt, args, kwargs):
+        handle.remove()
+        with torch.no_grad():
+            params = [p.detach().double() for g in opt.param_groups for p in g["params"]]
+            digest = torch.stack([torch.stack([p.sum(), p.square().sum(), p.abs().sum()]) for p in params]).sum(0)
+        state.check_weights_agree(context.backend(ADAPTER), digest.tolist(), BROADCAST_FIX)
+
+    handle = optimizer.register_step_post_hook(after_step)
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,

@@ -36,3 +36,27 @@ def test_resume_mid_epoch_continues_where_it_stopped():
 def test_eval_shards_are_unpadded_and_disjoint():
     shards = [list(ShardSampler(21, r, 2)) for r in range(2)]
     assert sorted(shards[0] + shards[1]) == list(range(21))
+
+
+def test_a_second_epoch_without_set_epoch_is_warned_about_once(caplog):
+    s = sampler(0)
+    s.set_epoch(0)
+    first = list(s)
+    with caplog.at_level("WARNING", logger="hvdkit.torch"):
+        assert list(s) == first               # what the warning is about: the same order again
+        list(s)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hvdkit.torch"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("hvdkit: ") and "train_loader.sampler.set_epoch(epoch)" in warnings[0]
+
+
+def test_set_epoch_between_epochs_and_unshuffled_samplers_are_not_warned_about(caplog):
+    s = sampler(0)
+    plain = ResumableDistributedSampler(list(range(21)), num_replicas=2, rank=0, shuffle=False, seed=5,
+                                        drop_last=False, batch_size=4)
+    with caplog.at_level("WARNING", logger="hvdkit.torch"):
+        for epoch in range(3):
+            s.set_epoch(epoch)
+            list(s)
+            list(plain)                       # no shuffle: the same order every epoch is what was asked for
+    assert not [r for r in caplog.records if r.name == "hvdkit.torch"]

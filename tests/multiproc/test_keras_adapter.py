@@ -41,7 +41,7 @@ def test_unsharded_data_is_warned_about(launch, tmp_path):
                              "--optimizer", "sgd", "--unsharded"])
     proc = run_job(cmd, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "the data is probably not sharded" in proc.stdout
+    assert "hvdkit: every rank was given the same training data" in proc.stdout
 
 
 @pytest.mark.parametrize("mode", ["tensorflow", "torch"])
@@ -171,3 +171,41 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
                    "optimizer": [data[f"optimizer_{i}"] for i in range(header["n_optimizer"])]}
     stored = header.pop(DIGEST_KEY)
     assert check_digest({"header": header, **content, DIGEST_KEY: stored}) is None, "the checkpoint is whole"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fit_without_hvdkit_callbacks_fails_at_the_first_step_naming_the_fix(launch, mode):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", "no_callbacks", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0, "the first step must raise, on every rank"
+        assert r["error"] and "RanksDivergedError: rank 1's weights differ from rank 0's at the first step" in \
+            r["error"] and "pass callbacks=hk.callbacks(...) to fit" in r["error"], r["error"]
+
+
+def test_custom_loop_without_broadcast_state_fails_at_the_first_step(launch):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", "tensorflow", "--case", "custom_loop", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0
+        assert r["error"] and "hk.broadcast_state(model, optimizer)" in r["error"], r["error"]
+
+
+def test_a_string_optimizer_fails_at_train_begin_naming_the_distributed_one(launch):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", "tensorflow", "--case", "string_optimizer", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0
+        assert r["error"] and "is not distributed" in r["error"] and \
+            "optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(0.001)))" in r["error"], r["error"]
+
+
+@pytest.mark.parametrize("mode,case,warned", [(mode, "unsharded_shuffled", True) for mode in MODES]
+                         + [("tensorflow", "sharded_shuffled", False)])
+def test_unsharded_shuffled_data_is_warned_about_with_the_fix(launch, mode, case, warned):
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", case, timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["error"] is None and r1["error"] is None and r0["steps"] == r1["steps"] > 0
+    hints = [w for w in r0["warnings"] if w.startswith("hvdkit: ") and "hk.shard_arrays" in w]
+    assert len(hints) == (1 if warned else 0), r0["warnings"]
+    assert r1["warnings"] == [], "rank 0 alone says it"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
+from tests.conftest import BIN, ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -33,6 +33,17 @@ def test_broadcast_of_differently_built_models_raises_on_every_rank(launch):
     for r in (r0, r1):
         assert r["error"].startswith("StateMismatchError: rank 1's model differs from rank 0's ('extra' is only "
                                      "there)"), r["error"]
+
+
+def test_training_without_broadcast_state_fails_at_the_first_step_naming_the_fix(launch):
+    r0, r1 = launch(2, "torch_broadcast.py", "--optimizer", "adam", "--state", "empty", "--forget-broadcast",
+                    timeout=120)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["steps"] == 0, "the first step must raise, on every rank"
+        assert r["error"] and r["error"].startswith("RanksDivergedError: rank 1's weights differ from rank 0's after "
+                                                    "the first step"), r["error"]
+        assert "call hk.broadcast_state(model, optimizer) after DistributedOptimizer" in r["error"]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -193,3 +204,15 @@ def test_demo_reaches_95_percent_on_digits(tmp_path):
     # probe (the patch asks torch first): no TF/absl start-up lines in the output.
     for noise in ("cuda drivers", "absl::InitializeLog", "TensorFlow binary is optimized"):
         assert noise not in proc.stdout, f"TensorFlow was imported by a PyTorch job: {noise!r} in the output"
+
+
+def test_init_under_torchrun_fails_naming_horovodrun(tmp_path):
+    # torchrun starts 2 processes, but each is a one-process Horovod job that would train alone
+    # and write the same checkpoint; init must stop both and name the launcher that works.
+    script = tmp_path / "train.py"
+    script.write_text("import hvdkit.torch as hk\nctx = hk.init()\nprint('trained alone, size', ctx.size)\n")
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = run_job(cmd, timeout=120)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "trained alone" not in proc.stdout
+    assert "WORLD_SIZE=2" in proc.stdout and "horovodrun -np 2" in proc.stdout, proc.stdout[-3000:]

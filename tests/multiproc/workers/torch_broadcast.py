@@ -13,6 +13,7 @@ p.add_argument("--out", required=True)
 p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--state", choices=["empty", "stepped"], required=True)
 p.add_argument("--mismatch", action="store_true", help="rank 1's model has one more buffer")
+p.add_argument("--forget-broadcast", action="store_true", help="train without broadcast_state (expect an error)")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
@@ -37,6 +38,19 @@ if args.mismatch:
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         error = f"{type(exc).__name__}: {exc}"
     write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error})
+    raise SystemExit(0)
+if args.forget_broadcast:
+    steps = 0
+    try:
+        for _ in range(2):
+            model(torch.randn(8, 1, 8, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+        error = None
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        error = f"{type(exc).__name__}: {exc}"
+    write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error, "steps": steps})
     raise SystemExit(0)
 hk.broadcast_state(model, optimizer)
 write_result(args.out, ctx.rank, {

@@ -1,0 +1,70 @@
+"""Worker: the Keras scripts users wrote that ran silently wrong; each must stop with, or warn of, the fix.
+
+--case no_callbacks:       fit without hk.callbacks, so nothing copies rank 0's weights
+--case custom_loop:        apply_gradients without hk.broadcast_state
+--case string_optimizer:   compile(optimizer="adam"): no averaging at all
+--case unsharded_shuffled: every rank fits the whole, shuffled data set
+--case sharded_shuffled:   all done right: no error and no warning
+"""
+
+import argparse
+import logging
+
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
+
+p = argparse.ArgumentParser()
+p.add_argument("--case", required=True, choices=["no_callbacks", "custom_loop", "string_optimizer",
+                                                "unsharded_shuffled", "sharded_shuffled"])
+args = parse_args(p)
+
+keras = hk.use_backend(args.mode)   # before init, which reads the backend
+ctx = hk.init(seed=7, threads=1)    # seed + rank: the ranks build different weights
+
+warnings = []
+
+
+class Record(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+
+
+logging.getLogger("hvdkit.keras").addHandler(Record())
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((64, 8)).astype("float32")
+y = (x[:, :4].argmax(1)).astype("int64")
+if args.case != "unsharded_shuffled":
+    x, y = hk.shard_arrays(x, y)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+optimizer = "adam" if args.case == "string_optimizer" else hk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+steps = []
+
+
+class CountSteps(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        steps.append(batch)
+
+
+error = None
+try:
+    if args.case == "custom_loop":
+        import tensorflow as tf
+
+        for i in range(2):
+            with tf.GradientTape() as tape:
+                value = loss(y[i * 8:(i + 1) * 8], model(x[i * 8:(i + 1) * 8], training=True))
+            optimizer.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+            steps.append(i)
+    else:
+        model.compile(optimizer=optimizer, loss=loss)
+        cbs = [CountSteps()] if args.case == "no_callbacks" else hk.callbacks(CountSteps())
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=True, verbose=0, callbacks=cbs)
+except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+    error = f"{type(exc).__name__}: {exc}"
+write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error, "steps": len(steps),
+                                  "warnings": warnings})
