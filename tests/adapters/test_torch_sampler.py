@@ -1,4 +1,4 @@
-"""ResumableDistributedSampler: shards, per-epoch shuffles and mid-epoch resume (no processes)."""
+"""ResumableDistributedSampler: shards, per-epoch shuffles and mid-epoch resume; shard_arrays (no processes)."""
 
 import pytest
 
@@ -36,3 +36,22 @@ def test_resume_mid_epoch_continues_where_it_stopped():
 def test_eval_shards_are_unpadded_and_disjoint():
     shards = [list(ShardSampler(21, r, 2)) for r in range(2)]
     assert sorted(shards[0] + shards[1]) == list(range(21))
+
+
+@pytest.mark.parametrize("rows, size", [(1025, 2), (1437, 3), (10, 4), (8, 8)])
+def test_shard_arrays_gives_every_rank_the_same_rows_of_tensors(monkeypatch, rows, size):
+    """docs/ADAPTERS.md, data that is not a DataLoader: equal counts, so equal steps; every row on some rank."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import hvdkit.torch.data as data
+
+    x, y = torch.arange(rows * 2).reshape(rows, 2), torch.arange(rows)
+    shards = []
+    for rank in range(size):
+        monkeypatch.setattr(data, "current", lambda rank=rank: SimpleNamespace(rank=rank, size=size))
+        shards.append(data.shard_arrays(x, y))
+    assert {len(sx) for sx, _ in shards} == {len(sy) for _, sy in shards} == {-(-rows // size)}
+    assert set(torch.cat([sy for _, sy in shards]).tolist()) == set(range(rows))
+    assert all(torch.equal(sx[:, 1] // 2, sy) for sx, sy in shards), "rows of x and y stay paired"
