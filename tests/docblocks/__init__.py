@@ -6,5 +6,7 @@
   original, run as one process; the ' ' and '+' lines are the hvdkit script, run under
   ``horovodrun -np 2 --gloo``. Both start from ``prelude_torch.py`` or ``prelude_keras.py`` (imports,
   the digits data, the model), in the ``multiproc`` tier.
+- ```` ```bash ```` blocks run with ``bash -e -o pipefail`` in a temporary directory linked to the
+  repository's top-level entries, in the ``cli`` tier.
 - A block not meant to run is marked in the Markdown: ``<!-- skip: next "why" -->``.
 """

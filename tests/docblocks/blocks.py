@@ -62,6 +62,28 @@ def run_diff(example: Example) -> None:
                 assert sizes == [NP] * NP, f"the hvdkit side ran at sizes {sizes}, not {NP}"
 
 
+def run_bash(example: Example) -> None:
+    """A ```bash block, in a temporary directory that links to every top-level entry of the repository."""
+    from tests.conftest import ROOT, job_env, run_job
+
+    with tempfile.TemporaryDirectory(prefix="docs-bash-") as tmp:
+        for entry in ROOT.iterdir():
+            if not entry.name.startswith("."):
+                (Path(tmp) / entry.name).symlink_to(entry)
+        proc = run_job(["bash", "-e", "-o", "pipefail", "-c", example.parsed], timeout=120, env=job_env(),
+                       cwd=Path(tmp))
+        if proc.returncode != 0:
+            raise AssertionError(f"the bash block at {example.path}:{example.line} exited {proc.returncode}:\n"
+                                 f"{proc.stdout[-4000:]}")
+
+
+class BashParser(CodeBlockParser):
+    """```bash blocks, run as they are; those that need a cluster or a fresh machine carry a skip marker."""
+
+    def __init__(self) -> None:
+        super().__init__(language="bash", evaluator=run_bash)
+
+
 class DiffParser(CodeBlockParser):
     """```diff blocks, each run as the two scripts it describes."""
 
