@@ -50,10 +50,11 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_job(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_job(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+            cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run a launcher in its own process group; on timeout kill the whole group and fail."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env or job_env(), start_new_session=True, cwd=ROOT)
+                            env=env or job_env(), start_new_session=True, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -18,6 +18,7 @@ import re
 
 from hvdkit.core.errors import UserError
 
+# The numbers below are docs/BENCHMARKS.md's Tuning table (its sixth session), not docs/bench/'s run.
 # Cycle time: Horovod's default (1 ms) everywhere. Its background thread
 # wakes every cycle to agree with the other ranks on which tensors are ready.
 # hvdkit used to set 2 ms on CPU: before the MPI yield below, a shorter cycle

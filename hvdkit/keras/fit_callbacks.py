@@ -196,16 +196,26 @@ def _learning_rate_warmup(keras) -> type:
             self.epoch = 0
 
         def on_train_begin(self, logs=None):
+            # An unsized tf.data dataset or a generator: fit learns the epoch's length only at its end.
+            if self.warmup_epochs and not self.params.get("steps"):
+                raise ValueError(f"callbacks(warmup_epochs={self.warmup_epochs}): fit does not know the steps per "
+                                 "epoch of this data; give callbacks(warmup_steps=...) instead, or "
+                                 "fit(steps_per_epoch=...)")
             if self.target is None:
                 self.target = get_learning_rate(self.model.optimizer)
+            self.batches = 0
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+
         def on_train_batch_begin(self, batch, logs=None):
-            steps = self.params.get("steps") or 1
+            steps = self.params.get("steps")
             total = count_warmup_steps(self.warmup_steps, self.warmup_epochs, steps)
-            step = self.epoch * steps + batch
+            # Without the epoch's length (warmup_steps only) the batches of this fit are counted instead.
+            step = self.epoch * steps + batch if steps else self.batches
             if step <= total:
                 set_learning_rate(self.model.optimizer,
                                   warmup_lr(step, total, self.target / current().size, self.target))

@@ -14,7 +14,7 @@ import torch
 
 from hvdkit.backends.torch import hvd
 from hvdkit.core import context, state
-from hvdkit.core.lr import reduce_options, scale_lr_for, warmup_lr
+from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import plain_module, to_cpu
@@ -190,16 +190,27 @@ def scale_lr(base_lr: float, op: str = "average") -> float:
 
 def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int | None = None, *,
                      warmup_epochs: float | None = None,
-                     steps_per_epoch: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+                     steps_per_epoch: int | None = None) -> torch.optim.lr_scheduler.LinearLR:
     """Per-batch gradual warmup to the optimizer's (already scaled) rate, from that rate / size.
 
     Give the length in steps, or in epochs with ``steps_per_epoch`` (e.g.
     ``len(train_loader)``), as for :func:`hvdkit.keras.callbacks`.
     Call ``scheduler.step()`` after every ``optimizer.step()``.
+
+    It is torch's ``LinearLR(start_factor=1/size, total_iters=steps)``, which
+    multiplies the rate the optimizer holds at each step rather than setting
+    it, so it composes: a manual ``group["lr"] /= 4`` is kept, and your own
+    schedule goes beside it (step each at its own pace) or in a
+    ``ChainedScheduler``::
+
+        warmup = hk.warmup_scheduler(optimizer, warmup_epochs=2, steps_per_epoch=len(loader))
+        decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+        # warmup.step() after every batch, decay.step() after every epoch
     """
     total = count_warmup_steps(warmup_steps, warmup_epochs, steps_per_epoch)
-    size = current().size
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_lr(step, total, 1.0 / size, 1.0))
+    start = 1.0 / current().size if total else 1.0
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=start, end_factor=1.0,
+                                             total_iters=max(total, 1))
 
 
 def step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, *, scaler=None,

@@ -1,4 +1,4 @@
-"""ResumableDistributedSampler: shards, per-epoch shuffles and mid-epoch resume (no processes)."""
+"""ResumableDistributedSampler: shards, per-epoch shuffles and mid-epoch resume; shard_arrays (no processes)."""
 
 import pytest
 
@@ -60,3 +60,22 @@ def test_set_epoch_between_epochs_and_unshuffled_samplers_are_not_warned_about(c
             list(s)
             list(plain)                       # no shuffle: the same order every epoch is what was asked for
     assert not [r for r in caplog.records if r.name == "hvdkit.torch"]
+
+
+@pytest.mark.parametrize("rows, size", [(1025, 2), (1437, 3), (10, 4), (8, 8)])
+def test_shard_arrays_gives_every_rank_the_same_rows_of_tensors(monkeypatch, rows, size):
+    """docs/ADAPTERS.md, data that is not a DataLoader: equal counts, so equal steps; every row on some rank."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import hvdkit.torch.data as data
+
+    x, y = torch.arange(rows * 2).reshape(rows, 2), torch.arange(rows)
+    shards = []
+    for rank in range(size):
+        monkeypatch.setattr(data, "current", lambda rank=rank: SimpleNamespace(rank=rank, size=size))
+        shards.append(data.shard_arrays(x, y))
+    assert {len(sx) for sx, _ in shards} == {len(sy) for _, sy in shards} == {-(-rows // size)}
+    assert set(torch.cat([sy for _, sy in shards]).tolist()) == set(range(rows))
+    assert all(torch.equal(sx[:, 1] // 2, sy) for sx, sy in shards), "rows of x and y stay paired"

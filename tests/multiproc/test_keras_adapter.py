@@ -55,6 +55,19 @@ def test_mixed_float16_trains_identically_on_all_ranks(launch, mode):
     assert all(np.isfinite(r0["losses"])) and r0["losses"][-1] < r0["losses"][0]
 
 
+def test_warmup_on_data_of_unknown_length(launch):
+    """fit on an unsized tf.data dataset knows no steps per epoch: warmup_epochs stops with the fix, and
+    warmup_steps counts the batches across epochs (both used to count an epoch as one step)."""
+    from hvdkit.core.lr import warmup_lr
+
+    r0, r1 = launch(2, "keras_extras.py", "--mode", "tensorflow", "--task", "warmup_unsized")
+    assert r0["size"] == 2
+    for r in (r0, r1):
+        assert "give callbacks(warmup_steps=...) instead, or fit(steps_per_epoch=...)" in r["error"]
+        target = r["target_lr"]
+        assert r["lrs"] == pytest.approx([warmup_lr(i, 12, target / 2, target) for i in range(16)], rel=1e-6)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_warmup_schedule_and_metric_averaging(launch, mode):
     from hvdkit.core.lr import warmup_lr

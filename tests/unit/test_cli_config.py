@@ -25,6 +25,28 @@ def test_every_command_module_has_the_same_two_parts():
         assert callable(module.add_parser) and callable(module.run), module.__name__
 
 
+def test_every_command_parser_defaults_to_a_frozen_config_and_its_modules_run():
+    """The rule docs/ARCHITECTURE.md states for hvdkit/cli: config=<frozen dataclass>.from_args, run=<module>.run."""
+    import argparse
+    import dataclasses
+    import sys
+
+    def leaves(parser):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [parser]
+        return [leaf for sub in subs for child in sub.choices.values() for leaf in leaves(child)]
+
+    commands = leaves(build_parser())
+    assert len(commands) == len(SUBCOMMANDS) + 1          # bench has two subcommands
+    for parser in commands:
+        config, run = parser.get_default("config"), parser.get_default("run")
+        cls = config.__self__
+        assert config.__func__.__name__ == "from_args" and dataclasses.is_dataclass(cls), parser.prog
+        assert cls.__dataclass_params__.frozen, f"{parser.prog}: {cls.__name__} is not frozen"
+        assert run is sys.modules[cls.__module__].run, parser.prog
+
+
 def test_launch_arguments_become_one_launch_config():
     cfg = config("launch", "-np", "3", "-H", "a:2,b:2", "-p", "12345", "-i", "/k", "--network-interface", "eth0",
                  "--max-np", "4", "--elastic-timeout", "60", "--dry-run", "--", "python", EXAMPLE)

@@ -10,7 +10,7 @@ from rank_results import write_result
 import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
-p.add_argument("--task", choices=["mixed_precision", "save", "load", "warmup_metrics"], required=True)
+p.add_argument("--task", choices=["mixed_precision", "save", "load", "warmup_metrics", "warmup_unsized"], required=True)
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)   # before init, which reads the backend
@@ -55,6 +55,22 @@ elif args.task == "warmup_metrics":
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[RecordLocal()] + cbs)
     result.update(lrs=lrs, local=local_logs, history=history.history, target_lr=hk.scale_lr(0.005),
                   steps=len(lrs) // 2)
+elif args.task == "warmup_unsized":                   # tf.data of unknown length: fit does not know its steps
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
+    try:
+        model.fit(data, epochs=1, verbose=0, callbacks=hk.callbacks(warmup_epochs=1))
+    except ValueError as e:
+        result["error"] = str(e)
+    lrs = []
+
+    class RecordLR(keras.callbacks.Callback):           # at the batch's end: an unsized epoch begins one more
+        def on_train_batch_end(self, batch, logs=None):
+            lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    model.fit(data, epochs=2, verbose=0, callbacks=hk.callbacks(RecordLR(), warmup_steps=12))
+    result.update(lrs=lrs, target_lr=hk.scale_lr(0.005))
 elif args.task == "save":
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=hk.callbacks())
     result["wrote"] = hk.save_checkpoint(ckpt, model, opt, epoch=0)
