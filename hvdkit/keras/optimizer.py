@@ -15,6 +15,7 @@ from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.stragglers import AllreduceTimer
 
 
 def is_distributed(optimizer) -> bool:
@@ -57,14 +58,17 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
+    timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
 
     def apply(self, grads, trainable_variables=None):
-        return base.apply(self, allreduce_gradients(b, list(grads), op, compression), trainable_variables)
+        reduced = timer.around(lambda gs: allreduce_gradients(b, gs, op, compression), list(grads))
+        return base.apply(self, reduced, trainable_variables)
 
     # Swap the class in place: the optimizer keeps its config, variables and
     # (for LossScaleOptimizer) its inner optimizer.
     optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
-                               {"apply": apply, "_hvdkit_distributed": True, "__module__": __name__})
+                               {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
+                                "__module__": __name__})
     return optimizer
 
 
