@@ -189,3 +189,37 @@ def plot_cost_model(path: str, preds, assumptions: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_timeline(path: str, report, title: str = "") -> None:
+    """``hvdkit timeline``'s picture: per rank, how late it reports tensors ready and how long it waits,
+    against the time in collectives; and the heaviest tensors (a :class:`hvdkit.core.timeline.TimelineReport`)."""
+    plt = pyplot()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.4]})
+    ranks = [f"rank {s.rank}" for s in report.ranks]
+    ys = range(len(ranks))
+    ax.barh([y - 0.2 for y in ys], [s.late_total_ms for s in report.ranks], height=0.4, label="others waited for it")
+    ax.barh([y + 0.2 for y in ys], [s.waited_ms for s in report.ranks], height=0.4, label="it waited for others")
+    ax.axvline(report.reducing_ms, color="k", linestyle="--", label=f"reducing ({report.reducing_ms:.0f} ms)")
+    for y, s in zip(ys, report.ranks):
+        ax.annotate(f"median {s.late_median_ms:.1f} ms late", (s.late_total_ms, y - 0.2), fontsize=8,
+                    xytext=(3, -3), textcoords="offset points")
+    ax.set_yticks(list(ys), ranks)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (wall time)")
+    ax.set_title("negotiation: late and waiting, per rank", fontsize=10)
+    ax.legend(fontsize=8)
+    tensors = list(report.tensors)
+    ty = range(len(tensors))
+    bx.barh(list(ty), [t.op_ms for t in tensors], label="in the collective")
+    bx.barh(list(ty), [t.negotiate_ms for t in tensors], left=[t.op_ms for t in tensors], alpha=0.5,
+            label="negotiating")
+    bx.set_yticks(list(ty), [t.tensor for t in tensors], fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlabel("ms, summed over the run")
+    bx.set_title("heaviest tensors", fontsize=10)
+    bx.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

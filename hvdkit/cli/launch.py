@@ -2,6 +2,7 @@
 
     hvdkit launch -np 4 -H hosta:2,hostb:2 -p 12345 -- python examples/pytorch_mnist.py
     hvdkit launch -np 2 -H localhost:2 --gloo --dry-run -- python train.py   # print only
+    hvdkit launch -np 2 -H localhost:2 --timeline tl.json -- python train.py  # then: hvdkit timeline tl.json
     hvdkit launch -np 4 --min-np 2 --max-np 8 --host-discovery-script examples/discover_hosts.sh \
         -- python examples/pytorch_elastic.py                                   # elastic
 """
@@ -58,7 +59,8 @@ class LaunchCommandConfig:
         launch = target.launch_config(cmd, args.controller, min_np=args.min_np, max_np=args.max_np,
                                       discovery_script=args.host_discovery_script,
                                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit,
-                                      slots=args.slots)
+                                      slots=args.slots,
+                                      timeline=os.path.abspath(args.timeline) if args.timeline else None)
         return cls(launch=launch, dry_run=args.dry_run, check_hosts=not args.no_check)
 
 
@@ -95,6 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo", help="use Gloo")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help="use MPI")
+    parser.add_argument("--timeline", metavar="FILE",
+                        help="record Horovod's timeline here (rank 0 writes it on its host; read it with "
+                             "hvdkit timeline FILE); turns Horovod's response cache off so each step's "
+                             "per-rank times are recorded")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument("--no-check", action="store_true", help="skip the ssh and hvdkit version check")
     parser.add_argument("train_command", nargs=argparse.REMAINDER, help="-- python train.py ...")

@@ -17,9 +17,10 @@ from hvdkit.cli import doctor as doctor_cmd
 from hvdkit.cli import env as env_cmd
 from hvdkit.cli import hosts as hosts_cmd
 from hvdkit.cli import launch as launch_cmd
+from hvdkit.cli import timeline as timeline_cmd
 from hvdkit.core.errors import UserError
 
-SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd, bench_cmd, plan_cmd)
+SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd, timeline_cmd, bench_cmd, plan_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,6 +60,8 @@ class LaunchConfig:
     slots: int | None = None               # slots of a discovered host printed without ":N" (horovodrun --slots)
     elastic_timeout: int | None = None     # seconds to wait for enough slots (horovodrun: 600)
     reset_limit: int | None = None         # resizes allowed before the job ends (horovodrun: no limit)
+    # Horovod's timeline, written by rank 0 on its host (read it with `hvdkit timeline`).
+    timeline: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -85,7 +87,8 @@ class LaunchTarget:
     python: str = sys.executable       # its horovodrun (the venv's) launches the job
 
     def launch_config(self, command: tuple[str, ...], controller: str = "auto", **elastic) -> LaunchConfig:
-        """``command`` on this target; ``elastic`` takes LaunchConfig's elastic fields (min_np=..., ...)."""
+        """``command`` on this target; ``elastic`` takes LaunchConfig's elastic fields (min_np=..., ...)
+        and ``timeline``."""
         return LaunchConfig(np=self.np, hosts=self.hosts, command=tuple(command), controller=controller,
                             ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file,
                             network_interface=self.network_interface, horovodrun=horovodrun_path(self.python),
@@ -159,6 +162,10 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         argv += ["--ssh-identity-file", cfg.ssh_identity_file]
     if nic:
         argv += ["--network-interface", nic]
+    if cfg.timeline:
+        # Without the response cache every negotiation records when each rank was ready; with it (Horovod's
+        # default) only a tensor's first does (hvdkit.core.timeline).
+        argv += ["--timeline-filename", cfg.timeline, "--cache-capacity", "0"]
     argv += cfg.command
     return LaunchPlan(tuple(argv), controller, reason, _layout(cfg))
 

@@ -31,6 +31,7 @@ from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
 from hvdkit.keras.optimizer import broadcast_state, check_distributed, get_learning_rate, set_learning_rate
+from hvdkit.keras.stragglers import straggler_report
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -67,6 +68,7 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
         raise ValueError(f"warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}: give 0 or more")
     if warmup_epochs or warmup_steps:
         out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
+    out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
     for cb in user_callbacks:
         if ctx.rank != root_rank and type(cb).__name__ in RANK0_ONLY:
             continue
@@ -84,7 +86,8 @@ def _callback_classes(mode: str) -> dict[str, type]:
         _CLASSES[mode] = {"BroadcastInitialState": _broadcast_initial_state(keras, backend),
                           "MetricAverage": _metric_average(keras, backend),
                           "LearningRateWarmup": _learning_rate_warmup(keras),
-                          "PreemptionCheckpoint": _preemption_checkpoint(keras)}
+                          "PreemptionCheckpoint": _preemption_checkpoint(keras),
+                          "StragglerReport": straggler_report(keras, backend)}
     return _CLASSES[mode]
 
 

@@ -17,6 +17,7 @@ from hvdkit.core.state import check_weights_agree, weights_check_applies, weight
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.stragglers import AllreduceTimer
 
 
 class NotDistributedError(UserError, ValueError):
@@ -99,18 +100,21 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
     checked = []
+    timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
 
     def apply(self, grads, trainable_variables=None):
         if not checked:
             checked.append(True)
             check_weights_at_first_step(self._trainable_variables if trainable_variables is None
                                         else trainable_variables)
-        return base.apply(self, allreduce_gradients(b, list(grads), op, compression), trainable_variables)
+        reduced = timer.around(lambda gs: allreduce_gradients(b, gs, op, compression), list(grads))
+        return base.apply(self, reduced, trainable_variables)
 
     # Swap the class in place: the optimizer keeps its config, variables and
     # (for LossScaleOptimizer) its inner optimizer.
     optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
-                               {"apply": apply, "_hvdkit_distributed": True, "__module__": __name__})
+                               {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
+                                "__module__": __name__})
     return optimizer
 
 

@@ -30,6 +30,7 @@ from hvdkit.torch.data import (
     shard_arrays,
 )
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
+from hvdkit.torch.stragglers import report_stragglers
 
 SyncBatchNorm = hvd.SyncBatchNorm
 """Horovod's ``torch.nn`` BatchNorm with statistics over all ranks (Keras: ``SyncBatchNormalization``)."""
@@ -39,6 +40,7 @@ __all__ = [
     "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm",
     "allreduce_sum", "broadcast_state", "check_checkpoint_path", "current", "distributed_loader", "elastic",
     "eval_loader", "evaluate",
-    "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "save_checkpoint",
+    "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "report_stragglers",
+    "save_checkpoint",
     "scale_lr", "seed_everything", "shard_arrays", "step", "warmup_scheduler",
 ]

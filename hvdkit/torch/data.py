@@ -23,6 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from hvdkit.backends.torch import hvd
 from hvdkit.core.sharding import shard_slice, shard_together, take_shard
 from hvdkit.torch.context import current
+from hvdkit.torch.stragglers import report_stragglers
 
 log = logging.getLogger("hvdkit.torch")
 
@@ -143,6 +144,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entr
 
     Each rank sums loss and correct predictions over its shard; the sums and
     counts are added over ranks, so the result equals a single-process pass.
+    It also reports a straggler rank for the steps since the last call (:func:`report_stragglers`).
     """
     device = current().device
     was_training = model.training
@@ -156,6 +158,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entr
         totals[2] += y.numel()
     model.train(was_training)
     loss_sum, correct, count = allreduce_sum(totals, name="hvdkit.evaluate").tolist()
+    report_stragglers()            # once an epoch on every rank, as evaluate is: one small allgather
     if count == 0:
         return {"loss": math.nan, "accuracy": math.nan, "count": 0}
     return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}

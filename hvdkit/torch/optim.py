@@ -10,6 +10,8 @@ Example::
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hvdkit.backends.torch import hvd
@@ -17,6 +19,7 @@ from hvdkit.core import context, state
 from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
+from hvdkit.torch.stragglers import CLOCK
 from hvdkit.torch.tensors import plain_module, to_cpu
 
 
@@ -126,7 +129,11 @@ class _AverageWhenBackwardReturns:
         """Wait for the allreduces; a no-op when the last backward pass already did."""
         if self.averaged and not self.optimizer._handles:
             return
+        started = time.perf_counter()
         self.horovod_synchronize(self.optimizer)
+        # The wait for the other ranks' gradients: a step less it is this rank's own (hk.report_stragglers).
+        CLOCK.add_wait(time.perf_counter() - started)
+        CLOCK.step_done()
         # Horovod's step() warns when _synchronized is set (it expects skip_synchronize()); the
         # flag only means "averaged since the last step", which self.averaged now records.
         self.optimizer._synchronized = False

@@ -168,3 +168,12 @@ def test_the_rank_whose_own_error_came_first_is_named(output, line):
     from hvdkit.core.launch import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
+
+
+@pytest.mark.parametrize("elastic", [{}, {"min_np": 2}])
+def test_timeline_is_recorded_without_the_response_cache(elastic):
+    # With Horovod's response cache on, only a tensor's first negotiation names when each rank was ready.
+    plan = plan_launch(cfg(timeline="/runs/tl.json", controller="gloo", **elastic), BOTH)
+    assert plan.argv[-4:] == ("--cache-capacity", "0", "python", "train.py")
+    assert plan.argv[-6:-4] == ("--timeline-filename", "/runs/tl.json")
+    assert "--timeline-filename" not in plan_launch(cfg(), BOTH).argv

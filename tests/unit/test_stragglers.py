@@ -1,0 +1,54 @@
+"""hvdkit.core.stragglers: who is named, against what, and the one allgather an epoch."""
+
+import io
+
+import pytest
+
+from hvdkit.core.stragglers import StepClock, find_straggler, report_epoch
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("step_ms, expected", [
+    ([12.0, 41.0], (1, 41.0, 12.0)),                 # against the other ranks' median, not one that includes it
+    ([12.0, 12.5, 11.8, 30.0], (3, 30.0, 12.0)),     # 2.5x
+    ([9.0, 16.3], None),                             # 1.8x: a balanced job beside another on 2 cores
+    ([2.0, 5.0], None),                              # 2.5x, but 3 ms a step is not worth a line
+    ([12.0, None], None),                            # one rank timed no steps
+    ([None, None, 9.0, 30.0], (3, 30.0, 9.0)),
+])
+def test_find_straggler(step_ms, expected):
+    found = find_straggler(step_ms)
+    assert (found and (found.rank, found.step_ms, found.median_ms)) == (expected or None)
+
+
+class FakeBackend:
+    def __init__(self, gathered):
+        self.gathered, self.calls = gathered, 0
+
+    def allgather_object(self, obj, name):
+        self.calls += 1
+        return self.gathered
+
+
+def test_report_epoch_prints_on_rank_0_only():
+    backend, out = FakeBackend([(10, 0.123), (10, 0.41)]), io.StringIO()
+    assert report_epoch(backend, 10, 0.123, rank=0, size=2, out=out).rank == 1
+    assert out.getvalue() == ("hvdkit: rank 1 is a straggler this epoch: 41.0 ms per step against a median of "
+                              "12.3 ms for the other ranks\n")
+    quiet = io.StringIO()
+    assert report_epoch(backend, 10, 0.41, rank=1, size=2, out=quiet).rank == 1 and quiet.getvalue() == ""
+    assert report_epoch(backend, 10, 0.41, rank=0, size=1, out=quiet) is None and backend.calls == 2
+
+
+def test_step_clock_subtracts_waits_and_skips_the_first_step():
+    now = iter([0.0, 0.050, 0.100, 5.0, 5.030])
+    clock = StepClock(clock=lambda: next(now))
+    clock.step_done()                     # starts the clock
+    clock.add_wait(0.040)
+    clock.step_done()                     # 50 ms, 40 of them waiting
+    clock.step_done()                     # 50 ms
+    assert clock.take() == (2, pytest.approx(0.060))
+    clock.step_done()                     # after evaluation: starts again
+    clock.step_done()
+    assert clock.take() == (1, pytest.approx(0.030))
