@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from hvdkit.bench.catalog import implementations
 from hvdkit.core.console import text_table
+from hvdkit.core.errors import UserError
 from hvdkit.core.units import format_bytes
 
 
@@ -105,7 +106,11 @@ def write_json(path: str, data: dict) -> None:
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed), imported only when a plot is drawn."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise UserError("matplotlib is not installed, so no picture can be drawn: pip install 'hvdkit[bench]' "
+                        "(hvdkit timeline also takes --plot none)") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -25,7 +25,15 @@ class NotDistributedError(UserError, ValueError):
 
 
 def is_distributed(optimizer) -> bool:
-    return bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod.")
+    """Averages gradients: hvdkit's or Horovod's optimizer, or a LossScaleOptimizer around one.
+
+    ``compile`` wraps the optimizer in a ``LossScaleOptimizer`` when the model's
+    dtype policy is mixed but was not when :func:`DistributedOptimizer` ran.
+    """
+    if bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod."):
+        return True
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return inner is not None and inner is not optimizer and is_distributed(inner)
 
 
 def check_distributed(optimizer) -> None:
@@ -42,8 +50,8 @@ def check_distributed(optimizer) -> None:
     raise NotDistributedError(
         f"the model's optimizer ({name}) is not distributed, so no gradients are averaged and each of the "
         f"{current().size} ranks trains its own model: compile with optimizer=hk.DistributedOptimizer("
-        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of optimizer=\"{name.lower()}\" "
-        "or a plain optimizer")
+        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of a string such as "
+        "optimizer=\"adam\" or a plain optimizer")
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -21,6 +22,8 @@ from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import CLOCK
 from hvdkit.torch.tensors import plain_module, to_cpu
+
+log = logging.getLogger("hvdkit.torch")
 
 
 def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
@@ -84,7 +87,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     # wrapping). Carry it over.
     if optimizer.state:
         wrapped.load_state_dict(optimizer.state_dict())
-    _AverageWhenBackwardReturns(wrapped)
+    if op != "adasum":      # Adasum combines weight changes in step(): there is no gradient average to wait for
+        _AverageWhenBackwardReturns(wrapped)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
 
@@ -97,38 +101,61 @@ class _AverageWhenBackwardReturns:
     the results only in ``step()``. Anything between backward and step (a
     ``clip_grad_norm_``, a gradient norm logged, a hand-written update) then
     sees this rank's own gradients, not the average, and nothing says so.
-    Here a second hook on each gradient accumulator queues one autograd
-    end-of-backward callback per backward pass (as DDP's reducer does) that
-    waits for the allreduces that pass started. With
-    ``backward_passes_per_step=k`` the first k-1 passes start none, so they
-    stay local, as under DDP's ``no_sync()``. ``synchronize()`` and ``step()``
-    then find nothing left to wait for.
+    Here a second hook on each gradient accumulator queues an autograd
+    end-of-backward callback once per backward pass (graph task), as DDP's
+    reducer does, which waits for the allreduces once every parameter's has
+    started. With ``backward_passes_per_step=k`` the first k-1 passes start
+    none, so they stay local, as under DDP's ``no_sync()``. ``synchronize()``
+    and ``step()`` then find nothing left to wait for.
+
+    Parameters that get no gradient in a pass (unused, or frozen by hand
+    while still ``requires_grad``) are reduced in ``step()``, as Horovod does,
+    with a one-time warning that the guarantee did not hold. Keying on the
+    graph task, not a flag, means a backward that raised (a caught
+    out-of-memory error, an elastic reset) cannot leave the callback off; and
+    reentrant activation checkpointing, whose inner backward passes are
+    graph tasks of their own, waits only after the last parameter's gradient.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self.horovod_synchronize = type(optimizer).synchronize
-        self.queued = False
+        self.task = None                             # the graph task a callback was last queued on
         self.averaged = False
+        self.warned = False
         for accumulator in optimizer._grad_accs:     # empty at size 1: Horovod registers no hooks
             accumulator.register_hook(self._after_accumulation)
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
 
     def _after_accumulation(self, *_):
         # Runs after Horovod's hook on the same accumulator, so its allreduce has started.
-        if not self.queued:
-            self.queued, self.averaged = True, False
+        task = torch._C._current_graph_task_id()
+        if task != self.task:
+            self.task, self.averaged = task, False
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
+    def _started(self) -> bool:
+        """Every parameter's allreduce has started (the k-th of k accumulated passes has reached them all)."""
+        handles = self.optimizer._handles
+        return all(handles.get(p, (None, None))[0] is not None for p in self.optimizer._requires_update)
+
     def _end_of_backward(self) -> None:
-        self.queued = False
-        if any(handle is not None for handle, _ in self.optimizer._handles.values()):
+        self.task = None
+        if self._started():
             self.synchronize()
 
     def synchronize(self) -> None:
         """Wait for the allreduces; a no-op when the last backward pass already did."""
         if self.averaged and not self.optimizer._handles:
             return
+        if not self.warned and any(h is not None for h, _ in self.optimizer._handles.values()):
+            self.warned = True      # a pass started allreduces but not all of them: some parameters got no gradient
+            missing = [n for p, n in self.optimizer._parameter_names.items()
+                       if p in self.optimizer._requires_update and self.optimizer._handles.get(p, (None,))[0] is None]
+            log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s), so gradients were "
+                        "averaged in step(), not when backward() returned: clipping or reading them in between saw "
+                        "this rank's own; set requires_grad=False on parameters that are not used",
+                        len(missing), ", ".join(sorted(missing)[:3]))
         started = time.perf_counter()
         self.horovod_synchronize(self.optimizer)
         # The wait for the other ranks' gradients: a step less it is this rank's own (hk.report_stragglers).
@@ -155,14 +182,25 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
     if not state.weights_check_applies(current().size):
         return
 
-    def after_step(opt, args, kwargs):
-        handle.remove()
-        with torch.no_grad():
-            params = [p.detach().double() for g in opt.param_groups for p in g["params"]]
-            digest = torch.stack([torch.stack([p.sum(), p.square().sum(), p.abs().sum()]) for p in params]).sum(0)
-        state.check_weights_agree(context.backend(ADAPTER), digest.tolist(), BROADCAST_FIX)
+    done = []
 
-    handle = optimizer.register_step_post_hook(after_step)
+    def after_step(opt, args, kwargs):
+        # Torch runs post-hooks twice per step under Horovod (its class and the original's step are both
+        # hooked), and removing a hook while they run breaks a user's own post-hook: a flag, not remove().
+        if done:
+            return
+        done.append(True)
+        with torch.no_grad():           # one parameter at a time: no float64 copy of the whole model
+            digest = [0.0, 0.0, 0.0]
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    d = p.detach()
+                    digest[0] += d.sum(dtype=torch.float64).item()
+                    digest[1] += d.double().square().sum().item()
+                    digest[2] += d.abs().sum(dtype=torch.float64).item()
+        state.check_weights_agree(context.backend(ADAPTER), digest, BROADCAST_FIX)
+
+    optimizer.register_step_post_hook(after_step)
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,

@@ -6,6 +6,7 @@ python tests/multiproc/workers/torch_straggler.py --slow-rank 1 --epochs 1 --sam
 """
 
 import json
+import sys
 
 import pytest
 
@@ -72,3 +73,11 @@ def test_command_prints_json(capsys):
     assert main(["timeline", str(RECORDED), "--json", "--plot", "none"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["latest_rank"] == 1 and out["ranks"][1]["late_median_ms"] > 30
+
+
+def test_without_matplotlib_the_picture_names_the_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib now raises ImportError
+    assert main(["timeline", str(RECORDED), "--plot", str(tmp_path / "t.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pip install 'hvdkit[bench]' (hvdkit timeline also takes --plot none)"), err
+    assert len(err.splitlines()) == 1

@@ -22,6 +22,8 @@ p.add_argument("--between", choices=["none", "clip", "read", "manual"], default=
 p.add_argument("--compile", choices=["none", "before", "after"], default="none",
                help="torch.compile the model before or after wrapping the optimizer")
 p.add_argument("--autocast", action="store_true", help="forward passes under CPU autocast (bfloat16), both sides")
+p.add_argument("--abort-first", action="store_true",
+               help="first a backward that raises midway (caught, as after an out-of-memory error), in eval mode")
 p.add_argument("--checkpoint", help="save after training, then load into a plain (uncompiled) SmallNet")
 args = p.parse_args()
 
@@ -45,6 +47,8 @@ opt = hk.DistributedOptimizer(make_optimizer(args.optimizer, model.parameters())
 if args.compile == "after":
     model = torch.compile(model)
 hk.broadcast_state(model, opt)
+user_post_hook_calls = []      # a user's own step post-hook next to hvdkit's first-step weights check
+opt.register_step_post_hook(lambda *_: user_post_hook_calls.append(1))
 CLIP = 0.05                     # small enough that clipping really happens
 LR = 0.05                       # the hand-written SGD's rate
 scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp else None
@@ -77,9 +81,31 @@ def between(module, optimizer, result):
 
 
 mine = {}
+
+
+def abort_a_backward(xs, ys):
+    """A backward that raises after the later layers' allreduces started; then the script flushes and goes on."""
+    def fail(_grad):
+        raise RuntimeError("aborted on purpose")
+    handle = model.conv.weight.register_hook(fail)      # conv's gradient comes last
+    model.eval()                                        # no BatchNorm statistics from this pass
+    try:
+        F.cross_entropy(forward(model, xs), ys).backward()
+    except RuntimeError as exc:
+        assert "aborted on purpose" in str(exc), exc
+    else:
+        raise AssertionError("the backward should have raised")
+    handle.remove()
+    model.train()
+    opt.synchronize()                                   # the allreduces that pass started
+    opt.zero_grad()
+
+
 for step in range(args.steps):
     xs = x_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
+    if args.abort_first and step == 0:
+        abort_a_backward(xs, ys)
     opt.zero_grad()
     if args.amp:                # the one-liner: scale, backward, synchronize, unscale, clip, step
         hk.step(opt, F.cross_entropy(forward(model, xs), ys), scaler=scaler, max_grad_norm=CLIP)
@@ -119,4 +145,5 @@ if ctx.rank == 0:
     result["param_change"] = max((a - b).abs().max().item()
                                  for a, b in zip(model.parameters(), initial.parameters()))
 result["logit_dtypes"] = sorted(result["logit_dtypes"])
+result["user_post_hook_calls"] = len(user_post_hook_calls)
 write_result(args.out, ctx.rank, result)
