@@ -107,3 +107,48 @@ def test_doctor_names_slots_above_what_the_host_has(cluster):
     assert rc == 1 and elapsed < 30
     ((host, name, detail, fix),) = failed(report)
     assert (host, name) == ("hostb", "slots") and "64 slots" in detail and "lower hostb's slots" in fix
+
+
+RECEIVE = """
+import socket, sys, time
+server = socket.create_server(("0.0.0.0", 5201))
+print("listening", flush=True)
+conn, _ = server.accept()
+got, start = 0, None
+while chunk := conn.recv(1 << 20):
+    start = start or time.perf_counter()
+    got += len(chunk)
+print(f"received {got} bytes in {time.perf_counter() - start:.4f} s", flush=True)
+"""
+SEND = ("import socket, sys; s = socket.create_connection((sys.argv[1], 5201)); "
+        "s.sendall(bytes(int(sys.argv[2]))); s.close()")
+
+
+def transfer_mbit(cluster, nbytes: int) -> float:
+    """Mbit/s of one TCP stream from hosta to hostb, as the receiver timed it."""
+    receiver = cluster.spawn_on("hostb", [sys.executable, "-c", RECEIVE])
+    try:
+        assert receiver.stdout.readline().strip() == "listening"
+        sent = cluster.run_on("hosta", [sys.executable, "-c", SEND, cluster.ips["hostb"], str(nbytes)], timeout=60)
+        assert sent.returncode == 0, sent.stdout
+        out, _ = receiver.communicate(timeout=60)
+    finally:
+        receiver.kill()
+    got, seconds = re.search(r"received (\d+) bytes in ([\d.]+) s", out).groups()
+    assert int(got) == nbytes
+    return int(got) * 8 / float(seconds) / 1e6
+
+
+def test_shaped_links_carry_the_rate_asked_for_and_clear_afterwards(cluster):
+    # The multi-host benchmark's network: tc's token bucket on each host's interface (issue 26).
+    unshaped = transfer_mbit(cluster, 50_000_000)
+    cluster.shape_links(200)
+    try:
+        assert "tbf" in cluster.link_qdisc("hosta") and "rate 200Mbit" in cluster.link_qdisc("hosta")
+        shaped = transfer_mbit(cluster, 10_000_000)
+    finally:
+        cluster.clear_links()
+    assert "tbf" not in cluster.link_qdisc("hosta")
+    print(f"unshaped {unshaped:.0f} Mbit/s, shaped to 200: {shaped:.0f} Mbit/s")
+    assert 170 <= shaped <= 215, shaped          # the bucket's first 128 KiB go at line speed
+    assert unshaped > 5 * shaped, unshaped

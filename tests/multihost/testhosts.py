@@ -139,6 +139,33 @@ class TestHosts:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    # -- shaped links ---------------------------------------------------------
+    def shape_links(self, mbit: float) -> None:
+        """Limit what each host sends to ``mbit`` Mbit/s (tc's token bucket filter on its interface).
+
+        Every byte between two hosts leaves one host's interface, so this shapes
+        both directions of every pair: the network, not the shared cores, becomes
+        the bottleneck. Rate only: this kernel has no netem, so no added latency
+        (``tc qdisc add ... netem`` fails with "Specified qdisc kind is unknown").
+        The bucket holds at least 128 KiB, since a veth hands tc 64 KiB GSO packets.
+        """
+        rate = int(mbit * 1e6 / 8)                                   # bytes per second
+        burst = max(rate // 250, 128 * 1024)
+        for name in self.names:
+            dev = self.options.get(name, HostOptions()).interface
+            sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+               "rate", f"{rate}bps", "burst", str(burst), "latency", "50ms")
+
+    def clear_links(self) -> None:
+        """Back to unshaped veths (memory speed)."""
+        for name in self.names:
+            dev = self.options.get(name, HostOptions()).interface
+            sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "del", "dev", dev, "root", check=False)
+
+    def link_qdisc(self, name: str) -> str:
+        dev = self.options.get(name, HostOptions()).interface
+        return sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "show", "dev", dev).stdout
+
     # -- use ------------------------------------------------------------------
     def run_on(self, name: str, argv: list[str], timeout: float,
                env: dict | None = None) -> subprocess.CompletedProcess:
