@@ -11,11 +11,11 @@ import pytest
 from sybil import Sybil
 from sybil.evaluators.skip import Skipper
 from sybil.integration.pytest import SybilItem
-from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+from sybil.parsers.markdown import PythonCodeBlockParser
 
-from tests.docblocks.blocks import BashParser, DiffParser, run_bash, run_diff, setup_page, teardown_page
+from tests.docblocks.blocks import BashParser, DiffParser, NotRunParser, run_bash, run_diff, setup_page, teardown_page
 
-_collect_blocks = Sybil(parsers=[DiffParser(), BashParser(), PythonCodeBlockParser(), SkipParser()],
+_collect_blocks = Sybil(parsers=[DiffParser(), BashParser(), PythonCodeBlockParser(), NotRunParser()],
                        patterns=["README.md", "docs/*.md"], setup=setup_page, teardown=teardown_page).pytest()
 
 
@@ -28,7 +28,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    """Each block's tier; a skip marker takes the tier of the block it skips, so that both run (or not) together."""
+    """Each block's tier; a not-run marker takes the tier of the block it checks, so that both run (or not) together."""
     tiers = {run_diff: pytest.mark.multiproc, run_bash: pytest.mark.cli}
     docs = [item for item in items if isinstance(item, SybilItem)]
     for i, item in enumerate(docs):

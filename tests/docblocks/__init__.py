@@ -8,5 +8,7 @@
   the digits data, the model), in the ``multiproc`` tier.
 - ```` ```bash ```` blocks run with ``bash -e -o pipefail`` in a temporary directory linked to the
   repository's top-level entries, in the ``cli`` tier.
-- A block not meant to run is marked in the Markdown: ``<!-- skip: next "why" -->``.
+- A block that cannot run here (a cluster, Docker, a fresh machine) is marked in the Markdown
+  ``<!-- not-run: next "why; tests/... runs it" -->``: it is checked instead (``bash -n`` or
+  ``compile``, and the named file must exist), never skipped.
 """

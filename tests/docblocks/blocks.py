@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from sybil import Example
+from sybil.evaluators.skip import Skipper
+from sybil.parsers.abstract import AbstractSkipParser
 from sybil.parsers.markdown import CodeBlockParser
+from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 
 HERE = Path(__file__).resolve().parent
 NP = 2
@@ -78,7 +84,7 @@ def run_bash(example: Example) -> None:
 
 
 class BashParser(CodeBlockParser):
-    """```bash blocks, run as they are; those that need a cluster or a fresh machine carry a skip marker."""
+    """```bash blocks, run as they are; those that need a cluster or a fresh machine carry a not-run marker."""
 
     def __init__(self) -> None:
         super().__init__(language="bash", evaluator=run_bash)
@@ -89,6 +95,63 @@ class DiffParser(CodeBlockParser):
 
     def __init__(self) -> None:
         super().__init__(language="diff", evaluator=run_diff)
+
+
+WHERE_RUN = re.compile(r"(tests/[\w/]+\.py|\.ci/run|Makefile)")
+
+
+def check_not_run(example: Example, reason: str) -> None:
+    """A block marked ``not-run``: it must still parse, and the marker must name an existing file that runs it.
+
+    bash blocks go through ``bash -n``, python blocks through ``compile``, diffs through both sides' compile.
+    """
+    from tests.conftest import ROOT
+
+    where = WHERE_RUN.findall(reason)
+    missing = [w for w in where if not (ROOT / w).exists()]
+    if not where or missing:
+        found = f"missing: {missing}" if missing else "none named"
+        raise AssertionError(f"the not-run marker before {example.path}:{example.line} must name the test, Makefile "
+                             f"or .ci/run that runs the block instead ({found}): {reason!r}")
+    source = str(example.parsed)
+    evaluator = example.region.evaluator
+    if evaluator is run_bash:
+        proc = subprocess.run(["bash", "-n", "-c", source], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise AssertionError(f"the bash block at {example.path}:{example.line} does not parse: {proc.stderr}")
+    elif evaluator is run_diff:
+        for script in split_diff(source):
+            compile(script, f"{example.path}:{example.line}", "exec")
+    else:
+        compile(textwrap.dedent(source), f"{example.path}:{example.line}", "exec")
+
+
+class NotRun(Skipper):
+    """``<!-- not-run: next "why; tests/... runs it" -->``: the next block is checked (see :func:`check_not_run`)
+    instead of run. Nothing is skipped: the item passes or fails like any other."""
+
+    def __init__(self) -> None:
+        super().__init__("not-run")
+        self.reasons: dict = {}
+
+    def install(self, example: Example, state, reason) -> None:
+        example.document.push_evaluator(self)
+        self.reasons[example.document] = eval(reason, {}) if reason else ""     # a quoted string
+
+    def evaluate_other_example(self, example: Example) -> None:
+        state = self.state_for(example)
+        reason = self.reasons.get(example.document, "")
+        if state.remove:
+            self.remove(example)
+        check_not_run(example, reason)
+
+
+class NotRunParser(AbstractSkipParser):
+    directive = "not-run"
+
+    def __init__(self) -> None:
+        super().__init__([DirectiveInHTMLCommentLexer(self.directive)])
+        self.skipper = NotRun()
 
 
 def setup_page(namespace: dict) -> None:

@@ -24,7 +24,7 @@ def test_relative_links_resolve(page):
 
 
 FENCE = re.compile(r"(?m)^[ \t]*```(\S*)[ \t]*$")
-RUN = {"python", "diff", "bash"}            # the languages tests/docblocks runs (or a visible skip marker skips)
+RUN = {"python", "diff", "bash"}            # the languages tests/docblocks runs (or checks, after a not-run marker)
 
 
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
