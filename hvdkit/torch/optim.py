@@ -190,15 +190,9 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
         if done:
             return
         done.append(True)
-        with torch.no_grad():           # one parameter at a time: no float64 copy of the whole model
-            digest = [0.0, 0.0, 0.0]
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    d = p.detach()
-                    digest[0] += d.sum(dtype=torch.float64).item()
-                    digest[1] += d.double().square().sum().item()
-                    digest[2] += d.abs().sum(dtype=torch.float64).item()
-        state.check_weights_agree(context.backend(ADAPTER), digest, BROADCAST_FIX)
+        # A generator: one parameter at a time on the host, no float64 copy of the whole model.
+        params = (p.detach().double().cpu().numpy() for g in opt.param_groups for p in g["params"])
+        state.check_weights_agree(context.backend(ADAPTER), state.weights_digest(params), BROADCAST_FIX)
 
     optimizer.register_step_post_hook(after_step)
 
