@@ -140,31 +140,41 @@ class TestHosts:
             proc.wait(timeout=10)
 
     # -- shaped links ---------------------------------------------------------
-    def shape_links(self, mbit: float) -> None:
-        """Limit what each host sends to ``mbit`` Mbit/s (tc's token bucket filter on its interface).
+    def shape_links(self, mbit: float, queue_ms: float = 5) -> None:
+        """Limit each host's link to ``mbit`` Mbit/s each way (tc's token bucket filter on both veth ends).
 
-        Every byte between two hosts leaves one host's interface, so this shapes
-        both directions of every pair: the network, not the shared cores, becomes
-        the bottleneck. Rate only: this kernel has no netem, so no added latency
-        (``tc qdisc add ... netem`` fails with "Specified qdisc kind is unknown").
-        The bucket holds at least 128 KiB, since a veth hands tc 64 KiB GSO packets.
+        What a host sends leaves its own interface; what it receives leaves the
+        bridge's end of its veth. Shaping both makes each host's link a
+        full-duplex link of that rate, as a switch port is: a parameter server
+        receiving from N workers at once gets ``mbit`` in all, not N times it.
+        The network, not the shared cores, becomes the bottleneck. Rate only:
+        this kernel has no netem, so no added latency (``tc qdisc add ... netem``
+        fails with "Specified qdisc kind is unknown"). The bucket holds at least
+        128 KiB, since a veth hands tc 64 KiB GSO packets. Each end queues at
+        most ``queue_ms`` of traffic, a switch port's shallow buffer: with 50 ms,
+        Open MPI's allreduce ran at 60% of the link, its control messages
+        stuck behind the other direction's data (Gloo's streams were not).
         """
         rate = int(mbit * 1e6 / 8)                                   # bytes per second
         burst = max(rate // 250, 128 * 1024)
-        for name in self.names:
+        tbf = ["root", "tbf", "rate", f"{rate}bps", "burst", str(burst), "latency", f"{queue_ms:g}ms"]
+        for i, name in enumerate(self.names):
             dev = self.options.get(name, HostOptions()).interface
-            sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-               "rate", f"{rate}bps", "burst", str(burst), "latency", "50ms")
+            sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "replace", "dev", dev, *tbf)
+            sh("tc", "qdisc", "replace", "dev", f"hvdk-v{i}", *tbf)
 
     def clear_links(self) -> None:
         """Back to unshaped veths (memory speed)."""
-        for name in self.names:
+        for i, name in enumerate(self.names):
             dev = self.options.get(name, HostOptions()).interface
             sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "del", "dev", dev, "root", check=False)
+            sh("tc", "qdisc", "del", "dev", f"hvdk-v{i}", "root", check=False)
 
     def link_qdisc(self, name: str) -> str:
+        """tc's qdiscs on both ends of ``name``'s link: its interface, then the bridge's end."""
         dev = self.options.get(name, HostOptions()).interface
-        return sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "show", "dev", dev).stdout
+        return (sh("ip", "netns", "exec", self.ns(name), "tc", "qdisc", "show", "dev", dev).stdout
+                + sh("tc", "qdisc", "show", "dev", f"hvdk-v{self.names.index(name)}").stdout)
 
     # -- use ------------------------------------------------------------------
     def run_on(self, name: str, argv: list[str], timeout: float,
