@@ -4,7 +4,7 @@
     hvdkit plan --calibrate bench-results --model resnet50     # B and latency (and compute) from hvdkit bench
 
 The cost model (see hvdkit.core.costmodel): ring 2(N-1)/N*K/B + 2(N-1)*latency
-against a parameter server's 2(N-1)*K/B, plus compute with optional overlap.
+against a parameter server's 2N*K/B (on a host of its own), plus compute with optional overlap.
 The command keeps the name users know; it plans capacity, not a launch (that
 is ``hvdkit launch``'s :func:`hvdkit.core.launch.plan_launch`).
 """

@@ -9,10 +9,15 @@ For N workers each holding K bytes of gradients on links of bandwidth B
       t_ring = 2(N-1)/N * K/B + 2(N-1) * a
 
   The bytes per worker stay near 2K however large N grows.
-- parameter server (one server; the workers push gradients and pull
-  weights): the server's link carries every worker's K both ways::
+- parameter server (one server on a host of its own; the workers push
+  gradients and pull the average back): the server's link carries every
+  worker's K in, then every worker's K out::
 
-      t_ps = 2(N-1) * K/B + 2a
+      t_ps = 2N * K/B + 2a
+
+  (With the server on one of the workers' hosts its own K stays local:
+  2(N-1) * K/B. hvdkit's earlier model used that form; the study in
+  docs/BENCHMARKS.md measures a server on its own host.)
 
 A step takes ``compute + max(0, t_comm - overlap * compute)`` where
 ``overlap`` is the fraction of compute that communication can hide behind
@@ -84,9 +89,10 @@ def ring_allreduce_s(nbytes: float, workers: int, net: Network) -> float:
 
 
 def parameter_server_s(nbytes: float, workers: int, net: Network) -> float:
+    """One exchange through a server on its own host; 0 for one worker, who trains alone (the step(1) baseline)."""
     if workers <= 1:
         return 0.0
-    return 2 * (workers - 1) * nbytes / net.bandwidth + 2 * net.latency
+    return 2 * workers * nbytes / net.bandwidth + 2 * net.latency
 
 
 def step_s(work: Workload, comm_s: float) -> float:
