@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from hvdkit.bench.catalog import Implementation, implementation, implementations
+from hvdkit.bench.catalog import Implementation, every_implementation, implementation
 from hvdkit.bench.models import resnet50_shapes
 from hvdkit.bench.results import emit, launcher_world, machine
 
@@ -35,8 +35,13 @@ class Comm(ABC):
     """One implementation's allreduce of a list of tensors, barrier and identity."""
 
     name = ""
-    rank = size = 0
+    rank = size = 0               # size: the processes that reduce (a parameter server's workers)
     device = torch.device("cpu")
+
+    @property
+    def reports(self) -> bool:
+        """Whether this process prints the results."""
+        return self.rank == 0
 
     @abstractmethod
     def allreduce(self, tensors: list[torch.Tensor]) -> None:
@@ -137,7 +142,36 @@ class MpiComm(Comm):
         self.MPI.Finalize()
 
 
-COMMS = {"hvdkit": HorovodComm, "horovod": HorovodComm, "torch.distributed": TorchComm, "mpi4py": MpiComm}
+class ParameterServerComm(Comm):
+    """:class:`hvdkit.bench.ps.ParameterServer`: the first process serves, the others' tensors are averaged."""
+
+    def __init__(self, impl: Implementation):
+        from hvdkit.bench.ps import ParameterServer
+
+        torch.set_num_threads(1)
+        self.ps = ParameterServer.from_launcher()
+        self.name, self.controller = impl.name, "gloo"
+        self.rank, self.size = self.ps.rank, self.ps.workers
+
+    @property
+    def reports(self) -> bool:
+        return self.rank == 1       # the first worker: the server's clock is not a worker's
+
+    def allreduce(self, tensors):
+        if self.ps.is_server:
+            self.ps.serve_once(tensors)
+        else:
+            self.ps.average(tensors)
+
+    def barrier(self):
+        self.ps.barrier()
+
+    def close(self):
+        self.ps.close()
+
+
+COMMS = {"hvdkit": HorovodComm, "horovod": HorovodComm, "torch.distributed": TorchComm, "mpi4py": MpiComm,
+         "ps": ParameterServerComm}
 
 
 def make_comm(impl: Implementation) -> Comm:
@@ -162,7 +196,7 @@ def timed(comm: Comm, tensors: list[torch.Tensor], iters: int, repeats: int) -> 
     return times
 
 
-def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool) -> list[dict]:
+def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool, iters: int | None = None) -> list[dict]:
     rows = []
 
     def record(case: str, tensors: list[torch.Tensor], times: list[float]) -> None:
@@ -171,29 +205,30 @@ def run(comm: Comm, sizes: list[int], repeats: int, resnet: bool) -> list[dict]:
 
     for nbytes in sizes:
         t = torch.ones(max(nbytes // 4, 1), device=comm.device)
-        record("sweep", [t], timed(comm, [t], iterations(nbytes), repeats))
+        record("sweep", [t], timed(comm, [t], iters or iterations(nbytes), repeats))
         del t
     if resnet:
         shapes = resnet50_shapes()
         many = [torch.ones(s, device=comm.device) for s in shapes]
         total = sum(t.numel() for t in many)
-        record("resnet50-many", many, timed(comm, many, 3, repeats))
+        record("resnet50-many", many, timed(comm, many, iters or 3, repeats))
         del many
         one = torch.ones(total, device=comm.device)
-        record("resnet50-one", [one], timed(comm, [one], 3, repeats))
+        record("resnet50-one", [one], timed(comm, [one], iters or 3, repeats))
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="allreduce benchmark worker (run by hvdkit bench allreduce)")
-    p.add_argument("--impl", required=True, choices=[i.name for i in implementations("allreduce")])
+    p.add_argument("--impl", required=True, choices=[i.name for i in every_implementation("allreduce")])
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-resnet", action="store_true")
+    p.add_argument("--iterations", type=int, default=None, help="ops per timed repeat (default: by size)")
     args = p.parse_args(argv)
     comm = make_comm(implementation("allreduce", args.impl))
-    rows = run(comm, [int(s) for s in args.sizes.split(",") if s], args.repeats, not args.no_resnet)
-    if comm.rank == 0:
+    rows = run(comm, [int(s) for s in args.sizes.split(",") if s], args.repeats, not args.no_resnet, args.iterations)
+    if comm.reports:
         emit({"impl": args.impl, "label": comm.name, "controller": comm.controller, "np": comm.size,
               "device": comm.device.type, "machine": machine(), "rows": rows,
               "env": {k: v for k, v in os.environ.items() if k in TUNING_KEYS}})

@@ -27,13 +27,14 @@ class Implementation:
 
     name: str
     bench: str                  # the worker that runs it: "allreduce" or "train"
-    framework: str              # what the worker calls: "hvdkit", "horovod", "torch.distributed" or "mpi4py"
+    framework: str              # what the worker calls: "hvdkit", "horovod", "torch.distributed", "mpi4py" or "ps"
     description: str
     # horovodrun's controller: "auto" is whatever `hvdkit launch` would pick
     # (horovodrun too prefers MPI when Horovod has it); None: started by torchrun.
     controller: str | None = "auto"
     average: bool = True        # mpi4py: scale the sum by 1/size after the allreduce
     reference: bool = False     # the allreduce table gives hvdkit's bandwidth as a share of this one's
+    default: bool = True        # run when --impls is not given
 
     @property
     def torchrun(self) -> bool:
@@ -57,6 +58,10 @@ CATALOG = (
     Implementation("mpi4py-avg", "allreduce", "mpi4py",
                    "the same sum, then one in-place scale by 1/size: the least any averaging allreduce does",
                    controller="mpi", reference=True),
+    Implementation("ps", "allreduce", "ps",
+                   "a parameter server: the first process (put it on a host of its own) receives every worker's "
+                   "tensors over torch.distributed (Gloo) point-to-point, averages them and sends them back; "
+                   "-np counts it; not run unless named", controller="gloo", default=False),
     Implementation("hvdkit", "train", "hvdkit",
                    "the hvdkit.torch recipe: init, distributed_loader, DistributedOptimizer, broadcast_state"),
     Implementation("horovod", "train", "horovod",
@@ -64,18 +69,27 @@ CATALOG = (
     Implementation("ddp", "train", "torch.distributed",
                    "DistributedDataParallel under torchrun (Gloo on CPU, NCCL on GPU); this host only",
                    controller=None),
+    Implementation("ps", "train", "ps",
+                   "each step's gradients, flattened, averaged by a parameter server (the first process, on a host "
+                   "of its own) over torch.distributed (Gloo) point-to-point; -np counts it; not run unless named",
+                   controller="gloo", default=False),
 )
 
 
 def implementations(bench: str, names: Iterable[str] | None = None) -> tuple[Implementation, ...]:
-    """``bench``'s implementations called ``names`` (all of them when None), in the order given."""
+    """``bench``'s implementations called ``names`` (the default ones when None), in the order given."""
     table = {i.name: i for i in CATALOG if i.bench == bench}
     if names is None:
-        return tuple(table.values())
+        return tuple(i for i in table.values() if i.default)
     for name in names:
         if name not in table:
             raise UserError(f"unknown implementation {name!r} for bench {bench}: use some of {', '.join(table)}")
     return tuple(table[name] for name in names)
+
+
+def every_implementation(bench: str) -> tuple[Implementation, ...]:
+    """All of ``bench``'s implementations, those run only when named too (for --help and the workers)."""
+    return tuple(i for i in CATALOG if i.bench == bench)
 
 
 def implementation(bench: str, name: str) -> Implementation:

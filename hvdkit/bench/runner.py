@@ -3,7 +3,8 @@
 Each launch is a :class:`BenchLaunch` (argv + extra environment) made by a
 pure planning function, so tests and ``--dry-run`` can print exactly what
 would run. :func:`run_launches` runs them one after another, each under a
-timeout, and returns what rank 0 reported (see :mod:`hvdkit.bench.results`).
+timeout, and returns what the reporting rank printed (rank 0; a parameter
+server's first worker): see :mod:`hvdkit.bench.results`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _master_address(target: LaunchTarget) -> str:
     return "127.0.0.1" if first in LOCAL_NAMES else first
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -57,9 +58,10 @@ def plan_horovodrun(impl: Implementation, target: LaunchTarget, build: BuildFlag
     """The horovodrun command that runs ``worker_argv`` for ``impl`` (pure apart from ``port``)."""
     plan = plan_launch(target.launch_config((target.python, *worker_argv), impl.controller), build)
     env = {}
-    if impl.framework == "torch.distributed":
-        # horovodrun only starts the processes: torch.distributed meets at an address of its own.
-        port = port or (_free_port() if _loopback_only(target) else random.randint(29500, 29999))
+    if impl.framework in ("torch.distributed", "ps"):
+        # horovodrun only starts the processes: torch.distributed meets at an address of its own
+        # (the first host's, where the parameter server runs).
+        port = port or (free_port() if _loopback_only(target) else random.randint(29500, 29999))
         env = {"MASTER_ADDR": _master_address(target), "MASTER_PORT": str(port)}
         if target.network_interface:
             env["GLOO_SOCKET_IFNAME"] = target.network_interface
@@ -87,6 +89,7 @@ class AllreduceBench:
     impls: tuple[Implementation, ...] = implementations("allreduce")
     repeats: int = 5                     # timed repeats per size in one launch
     resnet: bool = True
+    iterations: int | None = None        # ops per timed repeat (default: more for small messages)
 
 
 def plan_allreduce(target: LaunchTarget, build: BuildFlags,
@@ -94,7 +97,8 @@ def plan_allreduce(target: LaunchTarget, build: BuildFlags,
     """One launch of :mod:`hvdkit.bench.allreduce` per implementation this build can run; and the skipped ones."""
     keep, skipped = available(bench.impls, build)
     worker = ("-m", "hvdkit.bench.allreduce", "--sizes", ",".join(map(str, bench.sizes)),
-              "--repeats", str(bench.repeats), *(() if bench.resnet else ("--no-resnet",)))
+              "--repeats", str(bench.repeats), *(() if bench.resnet else ("--no-resnet",)),
+              *(("--iterations", str(bench.iterations)) if bench.iterations else ()))
     return [plan_horovodrun(impl, target, build, (*worker, "--impl", impl.name)) for impl in keep], skipped
 
 
@@ -108,6 +112,7 @@ class TrainBench:
     steps: int = 30
     warmup: int = 6
     image_size: int = 64
+    threads: int | None = None           # intra-op threads per process (default: the host's cores / its ranks)
 
     def __post_init__(self):
         check_models(self.models)
@@ -120,8 +125,9 @@ def plan_train(targets: list[LaunchTarget], build: BuildFlags, bench: TrainBench
     for target in targets:
         # The same intra-op threads for every implementation: the host's cores
         # shared by its ranks (hvdkit's own default, made explicit so the
-        # hand-written and DDP runs get it too).
-        threads = {"OMP_NUM_THREADS": str(share_of_cores(min(target.np, target.hosts.hosts[0].slots)))}
+        # hand-written and DDP runs get it too), unless the bench says.
+        threads = {"OMP_NUM_THREADS": str(bench.threads or
+                                          share_of_cores(min(target.np, target.hosts.hosts[0].slots)))}
         for model in bench.models:
             batch = bench.batch_size or (32 if model == "mnist" else 16)
             worker = ("-m", "hvdkit.bench.train", "--model", model, "--batch-size", str(batch),

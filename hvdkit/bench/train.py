@@ -4,7 +4,8 @@ Launched by ``hvdkit bench train`` as ``python -m hvdkit.bench.train --impl NAME
 NAME one of this bench's implementations in :data:`hvdkit.bench.catalog.CATALOG`;
 its framework picks the :class:`Job` below (hvdkit: the hvdkit.torch recipe;
 horovod: the same model by hand, as Horovod's pytorch_mnist example; DDP under
-torchrun). All get the same OMP_NUM_THREADS from the runner.
+torchrun; ps: a parameter server, :mod:`hvdkit.bench.ps`). All get the same
+OMP_NUM_THREADS from the runner.
 
 Every step is split into input wait (next batch), compute (forward and
 backward), allreduce (the gradient communication left after backward) and
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from hvdkit.bench.catalog import implementation, implementations
+from hvdkit.bench.catalog import every_implementation, implementation
 from hvdkit.bench.models import MODELS
 from hvdkit.bench.results import emit, launcher_world, machine
 
@@ -77,6 +78,18 @@ class Job(ABC):
     def local_backward(self, model, x, y) -> None:
         """Forward and backward with no communication, to time the compute alone."""
 
+    @property
+    def reports(self) -> bool:
+        """Whether this process prints the results."""
+        return self.rank == 0
+
+    def wait_gradients(self, model, optimizer) -> None:
+        """After backward, when gradients are not averaged inside it: average them (timed as the allreduce)."""
+        optimizer.synchronize()
+
+    def update(self, optimizer) -> None:
+        optimizer.step()
+
 
 class HvdkitJob(Job):
     def setup(self, model, data):
@@ -109,6 +122,10 @@ class HorovodJob(HvdkitJob):
     """
 
     averages_in_backward = False
+
+    def update(self, optimizer) -> None:
+        with optimizer.skip_synchronize():
+            optimizer.step()
 
     def setup(self, model, data):
         import horovod.torch as hvd
@@ -162,7 +179,54 @@ class DdpJob(Job):
             F.cross_entropy(model(x), y).backward()
 
 
-JOBS = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "torch.distributed": DdpJob}
+class ParameterServerJob(Job):
+    """Workers send each step's gradients to a parameter server (the first process) and step on the average.
+
+    The server trains nothing: :meth:`serve` answers one exchange per step.
+    Its allreduce share is the round trip to the server, timed on its own.
+    """
+
+    horovod_optimizer = False
+    averages_in_backward = False
+    controller = "gloo"
+
+    def setup(self, model, data):
+        from torch.utils.data.distributed import DistributedSampler
+
+        from hvdkit.bench.ps import ParameterServer
+
+        self.ps = ParameterServer.from_launcher()
+        self.rank, self.size = self.ps.rank, self.ps.workers
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # Every worker starts from the same weights (the seed), as after a broadcast.
+        optimizer = torch.optim.SGD(self.params, lr=0.01 * self.size, momentum=0.9)
+        if self.ps.is_server:
+            return model, optimizer, None
+        sampler = DistributedSampler(data, num_replicas=self.size, rank=self.rank - 1, shuffle=True, seed=0,
+                                     drop_last=True)
+        return model, optimizer, DataLoader(data, batch_size=self.args.batch_size, sampler=sampler, drop_last=True)
+
+    @property
+    def reports(self) -> bool:
+        return self.rank == 1
+
+    def serve(self, steps: int) -> None:
+        grads = [torch.empty_like(p) for p in self.params]
+        for _ in range(steps):
+            self.ps.serve_once(grads)
+
+    def wait_gradients(self, model, optimizer) -> None:
+        self.ps.average([p.grad for p in self.params])
+
+    def local_backward(self, model, x, y) -> None:
+        """Never called: the server's round trip is timed on its own (``averages_in_backward`` False)."""
+        F.cross_entropy(model(x), y).backward()
+
+    def close(self) -> None:
+        self.ps.close()
+
+
+JOBS = {"hvdkit": HvdkitJob, "horovod": HorovodJob, "torch.distributed": DdpJob, "ps": ParameterServerJob}
 
 
 def batches(loader):
@@ -203,13 +267,9 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
         F.cross_entropy(model(x), y).backward()
         t2 = sync_clock()
         if not job.averages_in_backward:
-            optimizer.synchronize()
+            job.wait_gradients(model, optimizer)
         t3 = sync_clock()
-        if not job.averages_in_backward:
-            with optimizer.skip_synchronize():
-                optimizer.step()
-        else:
-            optimizer.step()
+        job.update(optimizer)
         t4 = sync_clock()
         if i >= warmup:
             for name, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
@@ -219,7 +279,7 @@ def step_times(job: Job, model, optimizer, loader, steps: int, warmup: int) -> t
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="training-step benchmark worker (run by hvdkit bench train)")
-    p.add_argument("--impl", required=True, choices=[i.name for i in implementations("train")])
+    p.add_argument("--impl", required=True, choices=[i.name for i in every_implementation("train")])
     p.add_argument("--model", required=True, choices=sorted(MODELS))
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--steps", type=int, default=30)
@@ -231,12 +291,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     model = MODELS[args.model]()
     samples = (args.steps + args.warmup) * args.batch_size * world
+    if isinstance(job, ParameterServerJob) and launcher_world()[0] == 0:
+        model, _, _ = job.setup(model, None)
+        job.serve(args.warmup + args.steps)
+        job.close()
+        return
     model, optimizer, loader = job.setup(model, dataset(args.model, samples, args.image_size))
     if job.horovod_optimizer:
         job.controller = "mpi" if job.hvd.mpi_enabled() and not job.hvd.gloo_enabled() else "gloo"
     model.train()
     phases, local_backward = step_times(job, model, optimizer, loader, args.steps, args.warmup)
-    if job.rank == 0:
+    if job.reports:
         params = sum(p.numel() for p in model.parameters())
         emit({"impl": args.impl, "model": args.model, "np": job.size, "controller": job.controller,
               "batch_size": args.batch_size, "image_size": args.image_size if args.model == "resnet50" else None,

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 
 from hvdkit.bench import report
-from hvdkit.bench.catalog import MODELS, implementations
+from hvdkit.bench.catalog import MODELS, every_implementation, implementations
 from hvdkit.bench.runner import AllreduceBench, TrainBench, plan_allreduce, plan_train, run_launches
 from hvdkit.bench.train_report import plot_train, train_rows, train_table
 from hvdkit.cli.args import (
@@ -81,9 +82,12 @@ class AllreduceConfig:
             raise UserError(f"-np {args.np} is not a process count: use 1 or more")
         if args.repeats < 1 or args.rounds < 1:
             raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
+        _check_server_np(implementations("allreduce", _names(args.impls)), [args.np])
+        if args.iterations is not None and args.iterations < 1:
+            raise UserError(f"--iterations {args.iterations}: use 1 or more (or leave it out)")
         bench = AllreduceBench(sizes=tuple(parse_byte_range(args.sizes)),
                                impls=implementations("allreduce", _names(args.impls)), repeats=args.repeats,
-                               resnet=not args.no_resnet)
+                               resnet=not args.no_resnet, iterations=args.iterations)
         return cls(target=_target(args, args.np), bench=bench, rounds=args.rounds, output=BenchOutput.from_args(args))
 
 
@@ -99,11 +103,29 @@ class TrainConfig:
         if args.repeats < 1:
             raise UserError(f"--repeats {args.repeats}: use 1 or more")
         np_list = _np_list(args.np_list)
-        bench = TrainBench(models=_names(args.models), impls=implementations("train", _names(args.impls)),
-                           batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                           image_size=args.image_size)
+        impls = implementations("train", _names(args.impls))
+        _check_server_np(impls, np_list)
+        bench = TrainBench(models=_names(args.models), impls=impls, batch_size=args.batch_size, steps=args.steps,
+                           warmup=args.warmup, image_size=args.image_size, threads=_threads(os.environ))
         return cls(targets=tuple(_target(args, np) for np in np_list), bench=bench, repeats=args.repeats,
                    output=BenchOutput.from_args(args))
+
+
+def _check_server_np(impls, np_list) -> None:
+    """A parameter server needs itself and a worker: -np counts both."""
+    if any(i.name == "ps" for i in impls) and min(np_list) < 2:
+        raise UserError(f"-np {min(np_list)} with --impls ps: the first process is the server, so use -np 2 or more "
+                        "(e.g. -np 3 -H server:1,worker1:1,worker2:1)")
+
+
+def _threads(environ) -> int | None:
+    """OMP_NUM_THREADS when the environment sets it (its word is final), else None: the runner's default."""
+    value = (environ.get("OMP_NUM_THREADS") or "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"OMP_NUM_THREADS={value!r} is not a thread count: set e.g. OMP_NUM_THREADS=1, or unset it")
+    return int(value)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +140,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _implementations_epilog(bench: str) -> str:
     """The --impls names and what each runs, from the catalog, for the end of --help."""
-    return "implementations:\n" + "\n".join(f"  {i.name:<13} {i.description}" for i in implementations(bench))
+    return "implementations:\n" + "\n".join(f"  {i.name:<13} {i.description}" for i in every_implementation(bench))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -137,8 +159,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ar.add_argument("--rounds", type=int, default=3,
                     help="launches of every implementation, interleaved; the median over rounds is reported")
     ar.add_argument("--impls", default=",".join(i.name for i in implementations("allreduce")),
-                    help="comma-separated (default: all, listed below)")
+                    help="comma-separated (default: all listed below but ps)")
     ar.add_argument("--no-resnet", action="store_true", help="skip the ResNet-50 many-tensors case")
+    ar.add_argument("--iterations", type=int, default=None,
+                    help="allreduces per timed repeat (default: up to 100 for small messages, 3 for large); "
+                         "fewer keeps slow links short")
     _common(ar)
     ar.set_defaults(config=AllreduceConfig.from_args, run=run)
 
@@ -149,7 +174,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tr.add_argument("--models", default=",".join(MODELS),
                     help="mnist (the example's convnet), resnet50 (synthetic images)")
     tr.add_argument("--impls", default=",".join(i.name for i in implementations("train")),
-                    help="comma-separated (default: all, listed below)")
+                    help="comma-separated (default: all listed below but ps)")
     tr.add_argument("--batch-size", type=int, default=None, help="per process (default: mnist 32, resnet50 16)")
     tr.add_argument("--repeats", type=int, default=3, help="runs of each launch, interleaved; medians reported")
     tr.add_argument("--steps", type=int, default=30, help="timed steps per run (default %(default)s)")

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from hvdkit.bench.runner import free_port
 from tests.conftest import run_hvdkit
 
 pytestmark = pytest.mark.cli
@@ -69,6 +70,8 @@ def test_plan_calibrates_on_bench_output(bench_dir, tmp_path):
     (["bench", "allreduce", "--sizes", "12Q"], "size '12Q' is not understood"),
     (["bench", "allreduce", "--impls", "nccl2"], "unknown implementation 'nccl2'"),
     (["bench", "train", "--models", "vgg"], "model 'vgg' is unknown"),
+    (["bench", "train", "-np", "1,2", "--impls", "ps"], "the first process is the server, so use -np 2 or more"),
+    (["bench", "allreduce", "-np", "1", "--impls", "hvdkit,ps"], "use -np 2 or more"),
     (["plan", "--calibrate", "/nonexistent"], "run hvdkit bench first"),
     (["plan", "--gpus", "0"], "worker counts of 1 or more"),
 ])
@@ -76,3 +79,45 @@ def test_bad_bench_and_plan_input_is_one_line(args, message):
     proc = run_hvdkit(*args, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+PS_CHECK = """
+import torch
+from hvdkit.bench.ps import ParameterServer
+ps = ParameterServer.from_launcher()
+shapes = [(3, 2), (5,)]
+for step in range(3):
+    if ps.is_server:
+        ps.serve_once([torch.empty(s) for s in shapes])
+    else:
+        mine = [torch.full(s, float(ps.rank * 10 + step)) + torch.arange(torch.Size(s).numel()).view(s) for s in shapes]
+        ps.average(mine)
+        # workers 1 and 2: the mean of 10 + step and 20 + step, plus the shared arange
+        want = [torch.full(s, 15.0 + step) + torch.arange(torch.Size(s).numel()).view(s) for s in shapes]
+        assert all(torch.equal(a, b) for a, b in zip(mine, want)), (mine, want)
+        print(f"worker {ps.rank} of {ps.workers}: step {step} averaged", flush=True)
+ps.close()
+"""
+
+
+def test_parameter_server_averages_the_workers_tensors(tmp_path):
+    # The ps bench's exchange, checked for values: one server and two workers under horovodrun --gloo.
+    from tests.conftest import BIN, job_env, run_job
+
+    script = tmp_path / "ps_check.py"
+    script.write_text(PS_CHECK)
+    port = free_port()                          # torch.distributed's rendezvous, as the bench runner picks it
+    proc = run_job([str(BIN / "horovodrun"), "-np", "3", "-H", "localhost:3", "--gloo", str(BIN / "python"),
+                    str(script)], timeout=180, env=job_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for rank in (1, 2):
+        assert f"worker {rank} of 2: step 2 averaged" in proc.stdout
+
+
+def test_train_bench_runs_the_parameter_server(tmp_path):
+    proc = run_hvdkit("bench", "train", "-np", "3", "--impls", "ps", "--models", "mnist", "--steps", "3",
+                      "--warmup", "1", "--repeats", "1", "--out", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "train.json").read_text())["rows"]
+    assert row["impl"] == "ps" and row["np"] == 2            # 3 processes: the server and 2 workers
+    assert row["allreduce_ms"] > 0 and row["samples_per_s"] > 0

@@ -67,8 +67,10 @@ def test_the_catalog_offers_only_what_the_workers_run():
     # Every name the CLI accepts is one its worker's --impl accepts, and each framework has a worker class.
     for bench in ("allreduce", "train"):
         worker = (ROOT / "hvdkit" / "bench" / f"{bench}.py").read_text()
-        assert f'implementations("{bench}")' in worker
-    assert {i.framework for i in CATALOG} == {"hvdkit", "horovod", "torch.distributed", "mpi4py"}
+        assert f'every_implementation("{bench}")' in worker
+    assert {i.framework for i in CATALOG} == {"hvdkit", "horovod", "torch.distributed", "mpi4py", "ps"}
+    # The parameter server runs only when named: the default launches keep their process count.
+    assert "ps" not in [i.name for i in implementations("allreduce")] + [i.name for i in implementations("train")]
     assert {i.bench for i in CATALOG} == {"allreduce", "train"}
     for bench in ("allreduce", "train"):
         names = [i.name for i in implementations(bench)]
@@ -90,6 +92,16 @@ def test_train_plan_runs_ddp_under_torchrun_on_this_host_only():
     assert set(skipped) == {"ddp"}
     with pytest.raises(UserError, match="model 'vgg' is unknown"):
         TrainBench(models=("vgg",))
+    # Threads: the host's cores over its ranks, unless the bench was given a count (OMP_NUM_THREADS).
+    launches, _ = plan_train([there], build, TrainBench(models=("mnist",), threads=1))
+    assert {launch.env["OMP_NUM_THREADS"] for launch in launches} == {"1"}
+
+
+def test_the_parameter_server_meets_at_the_first_host():
+    target = LaunchTarget(np=3, hosts=parse_hosts_string("server:1,w1:1,w2:1"), ssh_port=12345, python="py")
+    plan = plan_horovodrun(implementation("allreduce", "ps"), target, BuildFlags(mpi=True, gloo=True), ("-m", "w"),
+                           port=29555)
+    assert "--gloo" in plan.argv and plan.env == {"MASTER_ADDR": "server", "MASTER_PORT": "29555"}
 
 
 def test_bus_bandwidth_follows_nccl_tests():
@@ -107,9 +119,14 @@ def test_bus_bandwidth_follows_nccl_tests():
 
 def test_tuning_defaults_never_override_the_user():
     env = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "0"}
-    assert apply_horovod_defaults(False, env) == {} and env["HOROVOD_CYCLE_TIME"] == "5"
+    assert apply_horovod_defaults(False, env) == {"HOROVOD_FUSION_THRESHOLD": "1048576"}
+    assert env["HOROVOD_CYCLE_TIME"] == "5"
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
     env = {}
-    # the cycle time stays Horovod's (1 ms): see the sweep in hvdkit/core/tuning.py
-    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1"} == env
+    # the cycle time stays Horovod's (1 ms); the fusion threshold is 1 MiB on CPU: see hvdkit/core/tuning.py
+    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1",
+                                                  "HOROVOD_FUSION_THRESHOLD": "1048576"} == env
     assert apply_horovod_defaults(True, {}) == {}
+    env = {"HOROVOD_FUSION_THRESHOLD": "134217728"}                  # the environment's word is final
+    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "134217728"
