@@ -18,7 +18,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 GPU_VENV ?= .venv-gpu
 
 .PHONY: install install-gpu test-tools demo lint test test-unit test-unit-dev test-adapters test-cli test-multiproc \
-	test-multihost test-image env bench clean
+	test-multihost test-image env bench bench-scaling clean
 
 install: $(STAMP)
 
@@ -82,6 +82,11 @@ env: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/hvdkit bench allreduce -np $(NP) --out docs/bench
 	$(BIN)/hvdkit bench train -np 1,$(NP) --repeats 3 --steps 20 --out docs/bench
+
+# Ring vs parameter server on 2-4 test hosts with links shaped by tc, against hvdkit plan's prediction
+# (docs/bench/scaling.*; about 20 min on 2 cores). Needs root and the multi-host tier's tools (make test-tools).
+bench-scaling: $(TEST_STAMP)
+	$(BIN)/python -m tests.multihost.scaling_study --hosts 4 --out docs/bench
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) $(DEV_VENV) .pytest_cache build *.egg-info
