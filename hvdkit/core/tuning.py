@@ -3,7 +3,8 @@
 Each choice comes from ``hvdkit bench`` runs recorded in docs/BENCHMARKS.md.
 Anything already in the environment (``OMPI_MCA_mpi_yield_when_idle=0``,
 say) wins; Horovod's own knobs (``HOROVOD_CYCLE_TIME``, horovodrun's
-``--cycle-time-ms``) keep Horovod's defaults unless you set them.
+``--cycle-time-ms``) keep Horovod's defaults unless you set them, except
+the fusion threshold on CPU (below).
 
 Example::
 
@@ -45,9 +46,17 @@ from hvdkit.core.errors import UserError
 # variable at MPI_Init, which hvd.init() calls after this is set. It does not
 # touch Gloo. On GPU hosts cores are spare, so it is left alone there.
 #
-# Fusion threshold: Horovod's default (128 MiB) is kept. ResNet-50's 97.5 MiB
-# of fp32 gradients fit in one fused buffer; the bench's many-tensors case
-# shows what fusion costs against one tensor of the same bytes.
+# Fusion threshold on CPU: 1 MiB (Horovod's default, 128 MiB, on GPU). With
+# 128 MiB, ResNet-50's 161 gradients (97.5 MiB) are copied into one buffer,
+# reduced, and copied out: three passes over memory far larger than the
+# caches. In 1 MiB pieces each piece is copied, reduced and copied back while
+# it is still in cache. Measured (2 processes, MPI, medians of 3 rounds of 5,
+# the tuning session of issue 26): the 161 tensors took 106.2 ms against
+# 55.8 ms for mpi4py reducing them one by one and scaling (1.90x) at 128 MiB,
+# and 45.2 ms against 45.3 ms (1.00x) at 1 MiB; one 16 / 64 MiB tensor was not
+# slower (104% / 90% of mpi4py-avg's bandwidth at 1 MiB, 73% / 91% at 128 MiB).
+# On GPUs Horovod's default stays: NCCL is tuned for large buffers (not measured here: no GPU was lent).
+# The training step: see docs/BENCHMARKS.md's Tuning table.
 #
 # Controller: see hvdkit.core.launch.choose_controller (MPI when built).
 # Threads: see hvdkit.core.topology.cpu_threads_per_rank (cores / local ranks).
@@ -103,9 +112,14 @@ def check_horovod_environment(environ=os.environ) -> None:
                             f"'true' means off): set {name}=1 or {name}=0")
 
 
+CPU_FUSION_THRESHOLD = 1 << 20
+
+
 def horovod_defaults(on_gpu: bool) -> dict[str, str]:
     """The HOROVOD_* variables hvdkit would set, before looking at the environment."""
-    return {} if on_gpu else {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    if on_gpu:
+        return {}
+    return {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)}
 
 
 def apply_horovod_defaults(on_gpu: bool, environ=os.environ) -> dict[str, str]:
