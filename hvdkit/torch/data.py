@@ -32,9 +32,11 @@ class ResumableDistributedSampler(DistributedSampler):
     """DistributedSampler that can start mid-epoch: ``set_epoch(epoch, start_batch=k)``.
 
     Every rank must resume at the same (epoch, batch) to see exactly the
-    samples it would have seen without the interruption. Iterating a shuffling
-    sampler twice without ``set_epoch`` in between logs one warning: every
-    epoch would see the same order.
+    samples it would have seen without the interruption. A shuffling sampler
+    that starts passes in the same order logs one warning, since every epoch
+    would see the same order: at its second pass when ``set_epoch`` was never
+    called, at its third since the last ``set_epoch`` otherwise (a second pass
+    in one epoch is often an evaluation on the training data).
     """
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, shuffle: bool,
@@ -43,21 +45,24 @@ class ResumableDistributedSampler(DistributedSampler):
                          seed=seed, drop_last=drop_last)
         self.batch_size = batch_size
         self.start_index = 0
-        self._iterated_since_set_epoch = False
+        self._passes_since_set_epoch = 0
+        self._set_epoch_called = False
         self._warned = False
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         super().set_epoch(epoch)
         self.start_index = start_batch * self.batch_size
-        self._iterated_since_set_epoch = False
+        self._passes_since_set_epoch = 0
+        self._set_epoch_called = True
 
     def __iter__(self):
-        if self._iterated_since_set_epoch and self.shuffle and not self._warned:
+        self._passes_since_set_epoch += 1
+        same_order_limit = 3 if self._set_epoch_called else 2
+        if self.shuffle and not self._warned and self._passes_since_set_epoch >= same_order_limit:
             self._warned = True
             log.warning("hvdkit: the sampler starts another pass with the same order as the last (epoch %d), since "
                         "set_epoch was not called: call train_loader.sampler.set_epoch(epoch) at the start of each "
                         "epoch", self.epoch)
-        self._iterated_since_set_epoch = True
         indices = list(super().__iter__())
         return iter(indices[self.start_index:])
 

@@ -44,10 +44,31 @@ def test_a_second_epoch_without_set_epoch_is_warned_about_once(caplog):
     first = list(s)
     with caplog.at_level("WARNING", logger="hvdkit.torch"):
         assert list(s) == first               # what the warning is about: the same order again
+        list(s)                               # a third pass: not an evaluation on the training data
         list(s)
     warnings = [r.getMessage() for r in caplog.records if r.name == "hvdkit.torch"]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("hvdkit: ") and "train_loader.sampler.set_epoch(epoch)" in warnings[0]
+
+
+def test_a_loop_that_never_calls_set_epoch_is_warned_about_at_its_second_pass(caplog):
+    s = sampler(0)
+    with caplog.at_level("WARNING", logger="hvdkit.torch"):
+        list(s)
+        assert not caplog.records
+        list(s)
+    assert [r.getMessage() for r in caplog.records if r.name == "hvdkit.torch"]
+
+
+def test_evaluating_on_the_training_data_each_epoch_is_not_warned_about(caplog):
+    """set_epoch each epoch, then a second pass (training accuracy): the order is new every epoch."""
+    s = sampler(0)
+    with caplog.at_level("WARNING", logger="hvdkit.torch"):
+        for epoch in range(3):
+            s.set_epoch(epoch)
+            list(s)                           # train
+            list(s)                           # evaluate on the training data
+    assert not [r for r in caplog.records if r.name == "hvdkit.torch"]
 
 
 def test_set_epoch_between_epochs_and_unshuffled_samplers_are_not_warned_about(caplog):
