@@ -26,7 +26,7 @@ from hvdkit.core import cuda_driver, slurm
 from hvdkit.core.backend import Backend
 from hvdkit.core.errors import UserError
 from hvdkit.core.topology import Topology, cpu_threads_per_rank
-from hvdkit.core.tuning import apply_horovod_defaults
+from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,10 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     """
     global _process
     on_gpu = backend.has_gpu()
-    apply_horovod_defaults(on_gpu=on_gpu)  # measured (hvdkit.core.tuning); the environment wins
-    slurm.check_direct_launch(os.environ, mpi_built=bool(backend.hvd.mpi_built()))   # srun without PMIx: say the fix
+    mpi_built = bool(backend.hvd.mpi_built())
+    # measured (hvdkit.core.tuning); the environment wins
+    apply_horovod_defaults(on_gpu=on_gpu, controller=horovod_controller(os.environ, mpi_built))
+    slurm.check_direct_launch(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
     cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
     backend.hvd.init()
     where = backend.topology()

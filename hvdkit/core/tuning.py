@@ -2,13 +2,12 @@
 
 Each choice comes from ``hvdkit bench`` runs recorded in docs/BENCHMARKS.md.
 Anything already in the environment (``OMPI_MCA_mpi_yield_when_idle=0``,
-say) wins; Horovod's own knobs (``HOROVOD_CYCLE_TIME``, horovodrun's
-``--cycle-time-ms``) keep Horovod's defaults unless you set them, except
-the fusion threshold on CPU (below).
+say), as do horovodrun's flags (``--cycle-time-ms`` sets
+``HOROVOD_CYCLE_TIME``). On GPU hosts Horovod's own defaults stay.
 
 Example::
 
-    apply_horovod_defaults(on_gpu=False)      # before hvd.init(); returns what it set
+    apply_horovod_defaults(on_gpu=False, controller="mpi")   # before hvd.init(); returns what it set
     check_horovod_environment()               # UserError for HOROVOD_CYCLE_TIME=abc and the like
 """
 
@@ -20,19 +19,29 @@ import re
 from hvdkit.core.errors import UserError
 
 # The numbers below are docs/BENCHMARKS.md's Tuning table (its sixth session), not docs/bench/'s run.
-# Cycle time: Horovod's default (1 ms) everywhere. Its background thread
-# wakes every cycle to agree with the other ranks on which tensors are ready.
-# hvdkit used to set 2 ms on CPU: before the MPI yield below, a shorter cycle
-# meant more spinning on the cores backward needs (mnist step, 2 processes,
-# MPI: 0.1 ms 38.8 and 50.4 ms, 1 ms 34.4-38.1, 2 ms 26.7-32.5, 5 ms
-# 31.3-37.0). With the yield on, the step no longer depends on the cycle
-# (2 processes, MPI, medians of 3-8 runs: mnist 21.8 / 24.0 / 25.1 / 24.8 ms
-# and ResNet-50 782 / 823 / 816 / 747 ms at 0.1 / 1 / 2 / 5 ms; the spread
-# of single runs is larger than these gaps), while the allreduce does: bus
-# bandwidth at 16 MiB as a share of mpi4py's in the same launch was 86% /
-# 67% / 59% / 41% (64 MiB: 80-88%, flat). So the 2 ms override went. 0.1 ms
-# was best here, but on 2 ranks of one small machine in 3 runs; hvdkit does
-# not bet every CPU job on it (HOROVOD_CYCLE_TIME=0.1 sets it for a job).
+# Cycle time on CPU under MPI: 0.1 ms (Horovod's default, 1 ms, under Gloo
+# and on GPU). Horovod's background thread wakes every cycle to agree with
+# the other ranks on which tensors are ready, so a tensor waits up to a cycle
+# before it is reduced. hvdkit used to set 2 ms on CPU: before the MPI yield
+# below, a shorter cycle meant more spinning on the cores backward needs
+# (mnist step, 2 processes, MPI: 0.1 ms 38.8 and 50.4 ms, 1 ms 34.4-38.1,
+# 2 ms 26.7-32.5). With the yield on, the step does not depend on the cycle
+# and the allreduce does. Measured twice, on two machines of the 2-core kind:
+# - sixth session (AMD EPYC; medians of 3-8 runs): mnist 21.8 / 24.0 ms and
+#   ResNet-50 782 / 823 ms at 0.1 / 1 ms; bus bandwidth at 16 MiB as a share
+#   of mpi4py's in the same launch 86% / 67%;
+# - issue 26's last session (Intel Xeon, 3 rounds of 5): at 0.1 / 0.2 /
+#   0.5 / 1 ms, 16 MiB at 100% / 96% / 88% / 75% of mpi4py-avg, 64 MiB at
+#   97% / - / 101% / 96%; ResNet-50's 161 gradients 41.3 / - / 39.7 / 40.0 ms
+#   against mpi4py-avg's 36.9 / - / 36.5 / 37.1. Training step (hvdkit bench
+#   train -np 2, interleaved runs): mnist 13.7, 13.4 ms at 0.1 against 13.5,
+#   15.2, 13.8 at 1 ms; ResNet-50 539.2, 534.4 against 548.2, 543.8, 551.5.
+# Under Gloo a short cycle costs: the Gloo background thread's idle CPU went
+# from 5% of a core to 30-35% at 0.1 ms, and the digits example
+# (horovodrun -np 2 --gloo) from 11.9, 12.0 s to 13.7, 13.7 s (13.7, 13.0 s
+# at 0.2 ms). MPI's idle rank spins at 100% either way (the yield makes it
+# give way), and the example took 10.8, 10.9 s at 1 ms and 10.6, 11.1 s at
+# 0.1. So 0.1 ms with MPI, Horovod's 1 ms with Gloo.
 
 # MPI's idle policy. Open MPI spins while it waits for a peer (in the
 # negotiation every cycle and inside each allreduce), and yields the core only
@@ -113,20 +122,29 @@ def check_horovod_environment(environ=os.environ) -> None:
 
 
 CPU_FUSION_THRESHOLD = 1 << 20
+CPU_MPI_CYCLE_TIME_MS = "0.1"
 
 
-def horovod_defaults(on_gpu: bool) -> dict[str, str]:
+def horovod_controller(environ=os.environ, mpi_built: bool = True) -> str:
+    """The controller ``hvd.init()`` will pick: Gloo when asked for (horovodrun --gloo, elastic) or without MPI."""
+    return "gloo" if environ.get("HOROVOD_CONTROLLER", "").strip().lower() == "gloo" or not mpi_built else "mpi"
+
+
+def horovod_defaults(on_gpu: bool, controller: str = "mpi") -> dict[str, str]:
     """The HOROVOD_* variables hvdkit would set, before looking at the environment."""
     if on_gpu:
         return {}
-    return {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)}
+    defaults = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)}
+    if controller == "mpi":
+        defaults["HOROVOD_CYCLE_TIME"] = CPU_MPI_CYCLE_TIME_MS
+    return defaults
 
 
-def apply_horovod_defaults(on_gpu: bool, environ=os.environ) -> dict[str, str]:
+def apply_horovod_defaults(on_gpu: bool, environ=os.environ, controller: str = "mpi") -> dict[str, str]:
     """Check the environment's Horovod settings, set each default it does not already have; return what was set."""
     check_horovod_environment(environ)
     applied = {}
-    for key, value in horovod_defaults(on_gpu).items():
+    for key, value in horovod_defaults(on_gpu, controller).items():
         if key not in environ:
             environ[key] = applied[key] = value
     return applied

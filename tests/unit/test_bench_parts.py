@@ -14,7 +14,7 @@ from hvdkit.bench.runner import TrainBench, available, plan_horovodrun, plan_tra
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags, LaunchTarget
-from hvdkit.core.tuning import apply_horovod_defaults
+from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller
 from hvdkit.core.units import format_bytes
 from hvdkit.core.units import parse_byte_range as parse_sizes
 from tests.conftest import ROOT
@@ -123,10 +123,22 @@ def test_tuning_defaults_never_override_the_user():
     assert env["HOROVOD_CYCLE_TIME"] == "5"
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
     env = {}
-    # the cycle time stays Horovod's (1 ms); the fusion threshold is 1 MiB on CPU: see hvdkit/core/tuning.py
+    # on CPU: 1 MiB fusion, and a 0.1 ms cycle under MPI only (Gloo keeps Horovod's 1 ms): hvdkit/core/tuning.py
     assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1",
-                                                  "HOROVOD_FUSION_THRESHOLD": "1048576"} == env
+                                                  "HOROVOD_FUSION_THRESHOLD": "1048576",
+                                                  "HOROVOD_CYCLE_TIME": "0.1"} == env
+    assert "HOROVOD_CYCLE_TIME" not in apply_horovod_defaults(False, {}, controller="gloo")
     assert apply_horovod_defaults(True, {}) == {}
-    env = {"HOROVOD_FUSION_THRESHOLD": "134217728"}                  # the environment's word is final
+    env = {"HOROVOD_FUSION_THRESHOLD": "134217728", "HOROVOD_CYCLE_TIME": "1"}   # the environment's word is final
     assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
-    assert env["HOROVOD_FUSION_THRESHOLD"] == "134217728"
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "134217728" and env["HOROVOD_CYCLE_TIME"] == "1"
+
+
+@pytest.mark.parametrize("env, mpi_built, controller", [
+    ({}, True, "mpi"),                                  # horovodrun --mpi, mpirun, srun --mpi=pmix, one process
+    ({"HOROVOD_CONTROLLER": "gloo"}, True, "gloo"),     # horovodrun --gloo and elastic horovodrun set this
+    ({"HOROVOD_CONTROLLER": "mpi"}, True, "mpi"),
+    ({}, False, "gloo"),                                # a Horovod built without MPI
+])
+def test_the_controller_hvd_init_will_pick(env, mpi_built, controller):
+    assert horovod_controller(env, mpi_built) == controller
