@@ -141,8 +141,15 @@ def horovod_defaults(on_gpu: bool, controller: str = "mpi") -> dict[str, str]:
 
 
 def apply_horovod_defaults(on_gpu: bool, environ=os.environ, controller: str = "mpi") -> dict[str, str]:
-    """Check the environment's Horovod settings, set each default it does not already have; return what was set."""
+    """Check the environment's Horovod settings, set each default it does not already have; return what was set.
+
+    An empty setting is removed first: it counts as unset here, while Horovod
+    would read ``HOROVOD_CYCLE_TIME=`` as a 0 ms cycle (a spinning thread).
+    """
     check_horovod_environment(environ)
+    for name in (*NUMBER_SETTINGS, *FLAG_SETTINGS):
+        if name in environ and not environ[name].strip():
+            del environ[name]
     applied = {}
     for key, value in horovod_defaults(on_gpu, controller).items():
         if key not in environ:

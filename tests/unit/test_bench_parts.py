@@ -134,6 +134,16 @@ def test_tuning_defaults_never_override_the_user():
     assert env["HOROVOD_FUSION_THRESHOLD"] == "134217728" and env["HOROVOD_CYCLE_TIME"] == "1"
 
 
+def test_an_empty_horovod_setting_counts_as_unset():
+    """Horovod reads HOROVOD_CYCLE_TIME= as a 0 ms cycle; hvdkit removes it, then sets its default if it has one."""
+    env = {"HOROVOD_CYCLE_TIME": " ", "HOROVOD_CACHE_CAPACITY": ""}
+    assert apply_horovod_defaults(False, env)["HOROVOD_CYCLE_TIME"] == "0.1"
+    assert env["HOROVOD_CYCLE_TIME"] == "0.1" and "HOROVOD_CACHE_CAPACITY" not in env
+    env = {"HOROVOD_CYCLE_TIME": ""}
+    apply_horovod_defaults(False, env, controller="gloo")
+    assert "HOROVOD_CYCLE_TIME" not in env                       # Horovod's own 1 ms, not 0
+
+
 @pytest.mark.parametrize("env, mpi_built, controller", [
     ({}, True, "mpi"),                                  # horovodrun --mpi, mpirun, srun --mpi=pmix, one process
     ({"HOROVOD_CONTROLLER": "gloo"}, True, "gloo"),     # horovodrun --gloo and elastic horovodrun set this
