@@ -8,13 +8,17 @@ comparable across process counts.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
 from hvdkit.bench.catalog import implementations
+from hvdkit.core.checkpoint_files import atomic_write
 from hvdkit.core.console import text_table
 from hvdkit.core.errors import UserError
 from hvdkit.core.units import format_bytes
@@ -89,19 +93,52 @@ def allreduce_table(rows: list[dict], references: tuple[str, ...] = REFERENCES, 
     return "\n".join(out)
 
 
+RESULTS_BYTES = 1 << 20      # a bench's JSON, CSV, text and PNG: tens to hundreds of KiB
+
+
+def check_results_dir(out: str) -> None:
+    """Before any launch: stop with one line if ``out`` cannot take a bench's results (about 1 MiB)."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"cannot write bench results to {out!r}: {exc.strerror or exc} (errno {exc.errno}): "
+                        "choose another --out directory") from exc
+    free = shutil.disk_usage(out).free
+    if free < RESULTS_BYTES:
+        raise UserError(f"--out {out!r} has {format_bytes(free)} free, and a bench's results need about "
+                        f"{format_bytes(RESULTS_BYTES)}: free space there or choose another --out directory")
+
+
+def write_file(path: str, data: str | bytes) -> None:
+    """Write a result atomically: on a full disk or a read-only directory the run stops with one line
+    (:class:`~hvdkit.core.checkpoint_files.CheckpointError`, a UserError) and the previous file stays whole."""
+    raw = data.encode() if isinstance(data, str) else data
+    atomic_write(path, lambda f: f.write(raw), what="bench result")
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     if not rows:
         return
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_file(path, text.getvalue())
 
 
 def write_json(path: str, data: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    write_file(path, json.dumps(data, indent=1) + "\n")
+
+
+def save_figure(fig, path: str) -> None:
+    """The figure as a PNG at ``path``, written as :func:`write_file` does; the figure is closed."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    pyplot().close(fig)
+    write_file(path, png.getvalue())
 
 
 def pyplot():
@@ -143,8 +180,7 @@ def plot_allreduce(path: str, rows: list[dict], title: str) -> None:
     bx.set_title("tensor fusion", fontsize=9)
     bx.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def machine_line(payload: dict) -> str:
@@ -169,8 +205,7 @@ def write_results(out: str, data: dict, title: str, table: str, plot: Callable[[
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, f"{kind}.json"), data)
     write_csv(os.path.join(out, f"{kind}.csv"), rows)
-    with open(os.path.join(out, f"{kind}.txt"), "w") as f:
-        f.write(f"{title}\n{table}\n")
+    write_file(os.path.join(out, f"{kind}.txt"), f"{title}\n{table}\n")
     if rows:
         plot(os.path.join(out, f"{kind}.png"), rows, title)
 
@@ -192,8 +227,7 @@ def plot_cost_model(path: str, preds, assumptions: dict) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_timeline(path: str, report, title: str = "") -> None:
@@ -226,5 +260,4 @@ def plot_timeline(path: str, report, title: str = "") -> None:
     bx.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -145,7 +145,7 @@ def scaling_table(result: dict) -> str:
 
 def plot_scaling(path: str, result: dict) -> None:
     """Exchange time and training step against hosts: measured points, predicted lines; ring and server."""
-    from hvdkit.bench.report import pyplot
+    from hvdkit.bench.report import pyplot, save_figure
 
     plt = pyplot()
     largest = _largest_case(result["exchanges"])
@@ -185,8 +185,7 @@ def plot_scaling(path: str, result: dict) -> None:
     fig.suptitle(f"ring vs parameter server: {link}dashed: hvdkit plan fitted on {result['calibrated_on']}, "
                  f"{result['calibration_hosts']} hosts", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _largest_case(exchanges: list[dict]) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from hvdkit.bench.report import pyplot
+from hvdkit.bench.report import pyplot, save_figure
 from hvdkit.core.console import text_table
 
 PHASES = ("input", "compute", "allreduce", "update")
@@ -87,5 +87,4 @@ def plot_train(path: str, rows: list[dict], title: str) -> None:
         ax.legend(fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -197,6 +197,7 @@ def _run_allreduce(config: AllreduceConfig) -> int:
     launches, skipped = plan_allreduce(target, BuildFlags.detect(), config.bench)
     if output.dry_run:
         return _print_launches(launches)
+    report.check_results_dir(output.out)      # before minutes of measuring, not after
     started = time.time()
     # Rounds of every implementation in turn: on a shared machine the noise
     # comes in bursts of seconds, which would otherwise hit one implementation.
@@ -215,6 +216,7 @@ def _run_train(config: TrainConfig) -> int:
     launches, skipped = plan_train(list(config.targets), BuildFlags.detect(), config.bench)
     if output.dry_run:
         return _print_launches(launches)
+    report.check_results_dir(output.out)
     started = time.time()
     # Rounds of every launch in turn, so slow drift on a shared machine hits all implementations alike.
     payloads, failures = run_launches(launches * config.repeats, output.timeout, desc="train")
@@ -232,15 +234,20 @@ def _print_launches(launches) -> int:
 
 
 def _finish(output: BenchOutput, data: dict, title: str, table: str, plot) -> int:
-    """Write the files, print the table (or --json) and the skips; failures on stderr, exit 1."""
-    report.write_results(output.out, data, title, table, plot)
+    """Print the table (or --json) and the skips, then write the files; failures on stderr, exit 1.
+
+    Printed first, so a disk that filled up meanwhile loses no measurement (the write then stops
+    with one line, and the previous files stay whole)."""
     if output.json:
-        print(json.dumps(data))
+        print(json.dumps(data), flush=True)
     else:
         print(title)
         print(table)
         for impl, why in data["skipped"].items():
             print(f"skipped {impl}: {why}")
+        sys.stdout.flush()
+    report.write_results(output.out, data, title, table, plot)
+    if not output.json:
         print(f"wrote {output.out}/{data['kind']}.csv, .json, .txt, .png")
     for failure in data["failures"]:
         print(f"hvdkit bench: error: {failure}", file=sys.stderr)

@@ -65,12 +65,12 @@ def remove_leftovers(path: str | os.PathLike) -> list[str]:
     return removed
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str = "checkpoint") -> None:
     """Call ``write(file)`` on a temporary file, then atomically move it to ``path``.
 
     An OSError (read-only directory, full disk, quota) becomes a
-    :class:`CheckpointError` that names the path and the fix; the temporary
-    file is removed and the previous ``path`` is untouched.
+    :class:`CheckpointError` that names ``what``, the path and the fix; the
+    temporary file is removed and the previous ``path`` is untouched.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -79,7 +79,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         remove_leftovers(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     except OSError as exc:
-        raise CheckpointError(_cannot_write(path, exc)) from exc
+        raise CheckpointError(_cannot_write(path, exc, what)) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -92,7 +92,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         except FileNotFoundError:
             pass
         if isinstance(exc, OSError):
-            raise CheckpointError(_cannot_write(path, exc)) from exc
+            raise CheckpointError(_cannot_write(path, exc, what)) from exc
         raise
     # Make the rename itself durable.
     dir_fd = os.open(directory, os.O_RDONLY)
@@ -102,13 +102,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         os.close(dir_fd)
 
 
-def _cannot_write(path: str, exc: OSError) -> str:
+def _cannot_write(path: str, exc: OSError, what: str = "checkpoint") -> str:
     fix = {errno.ENOSPC: "free space there or save elsewhere",
            errno.EDQUOT: "free space in your quota or save elsewhere",
            errno.EROFS: "save to a writable file system",
            errno.EACCES: "save to a directory you can write to, or fix its permissions"}
-    return (f"cannot write checkpoint {path!r}: {exc.strerror or exc} (errno {exc.errno}): "
-            f"{fix.get(exc.errno, 'check the path and the file system')}; the previous checkpoint is untouched")
+    return (f"cannot write {what} {path!r}: {exc.strerror or exc} (errno {exc.errno}): "
+            f"{fix.get(exc.errno, 'check the path and the file system')}; the previous {what} is untouched")
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:

@@ -121,3 +121,36 @@ def test_train_bench_runs_the_parameter_server(tmp_path):
     (row,) = json.loads((tmp_path / "train.json").read_text())["rows"]
     assert row["impl"] == "ps" and row["np"] == 2            # 3 processes: the server and 2 workers
     assert row["allreduce_ms"] > 0 and row["samples_per_s"] > 0
+
+
+def test_a_full_disk_stops_the_bench_before_it_measures_and_keeps_the_last_results(tmp_path):
+    """A real tmpfs of 256 KiB, filled up: the bench stops in a second with one line, launches nothing, and the
+    results already there stay as they were."""
+    import subprocess
+    import time
+
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs ({mounted.stderr.strip()}): the cli tier runs as root"
+    try:
+        (where / "allreduce.json").write_text('{"kept": true}\n')
+        with open(where / "filler", "wb", buffering=0) as filler:   # then fill it up
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+        started = time.monotonic()
+        proc = run_hvdkit("bench", "allreduce", "-np", "2", "--sizes", "4K", "--out", str(where), timeout=120)
+        took = time.monotonic() - started
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"hvdkit bench: error: --out {str(where)!r} has 0 B free, and a bench's results need about 1 MiB: "
+            "free space there or choose another --out directory"], proc.stderr
+        assert "allreduce" not in proc.stdout and took < 60          # nothing was launched
+        assert (where / "allreduce.json").read_text() == '{"kept": true}\n'
+        assert sorted(p.name for p in where.iterdir()) == ["allreduce.json", "filler"]
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hvdkit.bench.report import write_file, write_json
 from hvdkit.bench.results import machine
 from hvdkit.bench.scaling import analyse, plot_scaling, scaling_table
 from hvdkit.core.console import progress
@@ -123,11 +124,11 @@ def _json_of(output: str) -> dict | None:
 
 
 def write(study: dict, out: Path, calibrate_on: str) -> dict:
-    (out / "scaling.json").write_text(json.dumps(study, indent=1) + "\n")
+    write_json(str(out / "scaling.json"), study)           # atomic: a full disk keeps the last study whole
     result = analyse(study, calibrate_on)
-    (out / "scaling-predicted.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(str(out / "scaling-predicted.json"), result)
     table = scaling_table(result)
-    (out / "scaling.txt").write_text(table + "\n")
+    write_file(str(out / "scaling.txt"), table + "\n")
     plot_scaling(str(out / "scaling.png"), result)
     print(table)
     print(f"wrote {out}/scaling.json, scaling-predicted.json, scaling.txt, scaling.png")

@@ -152,3 +152,41 @@ def test_an_empty_horovod_setting_counts_as_unset():
 ])
 def test_the_controller_hvd_init_will_pick(env, mpi_built, controller):
     assert horovod_controller(env, mpi_built) == controller
+
+
+def test_a_result_write_that_fails_midway_keeps_the_previous_file_whole(tmp_path):
+    """A real failed write (the file-size limit, EFBIG, standing in for a full disk) in a child process: one
+    line naming the file and the fix, no temporary file left, the previous results byte for byte."""
+    import subprocess
+    import sys
+
+    previous = tmp_path / "allreduce.json"
+    previous.write_text('{"kind": "allreduce", "rows": []}\n')
+    child = f"""
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from hvdkit.bench.report import write_json
+from hvdkit.core.errors import UserError
+try:
+    write_json({str(previous)!r}, {{"rows": ["x" * 100] * 1000}})
+except UserError as exc:
+    print(exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    message = proc.stdout.strip()
+    assert message.startswith(f"cannot write bench result {str(previous)!r}: File too large (errno 27)"), message
+    assert message.endswith("the previous bench result is untouched") and "\n" not in message
+    assert previous.read_text() == '{"kind": "allreduce", "rows": []}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["allreduce.json"]
+
+
+def test_a_results_directory_that_cannot_be_written_is_refused_before_any_launch(tmp_path):
+    from hvdkit.bench.report import check_results_dir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match=r"cannot write bench results to .*Not a directory.*choose another --out"):
+        check_results_dir(str(blocker / "results"))
+    check_results_dir(str(tmp_path / "results"))                # writable, with room: no error
