@@ -26,7 +26,7 @@ from hvdkit.core import cuda_driver, slurm
 from hvdkit.core.backend import Backend
 from hvdkit.core.errors import UserError
 from hvdkit.core.topology import Topology, cpu_threads_per_rank
-from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller
+from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller, spans_one_host
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,8 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     on_gpu = backend.has_gpu()
     mpi_built = bool(backend.hvd.mpi_built())
     # measured (hvdkit.core.tuning); the environment wins
-    apply_horovod_defaults(on_gpu=on_gpu, controller=horovod_controller(os.environ, mpi_built))
+    apply_horovod_defaults(on_gpu=on_gpu, controller=horovod_controller(os.environ, mpi_built),
+                           one_host=spans_one_host(os.environ))
     slurm.check_direct_launch(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
     cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
     backend.hvd.init()

@@ -2,12 +2,16 @@
 
 Each choice comes from ``hvdkit bench`` runs recorded in docs/BENCHMARKS.md.
 Anything already in the environment (``OMPI_MCA_mpi_yield_when_idle=0``,
-say), as do horovodrun's flags (``--cycle-time-ms`` sets
-``HOROVOD_CYCLE_TIME``). On GPU hosts Horovod's own defaults stay.
+say) wins, as do horovodrun's flags (``--cycle-time-ms`` sets
+``HOROVOD_CYCLE_TIME``; ``--autotune`` leaves the fusion threshold and cycle
+time to Horovod's autotuner). Each default is set only where it was
+measured: on CPU, and the fusion threshold and cycle time only under MPI
+(the cycle time only when every rank is on one host). On GPU hosts
+Horovod's own defaults stay.
 
 Example::
 
-    apply_horovod_defaults(on_gpu=False, controller="mpi")   # before hvd.init(); returns what it set
+    apply_horovod_defaults(on_gpu=False, controller="mpi", one_host=True)   # before hvd.init()
     check_horovod_environment()               # UserError for HOROVOD_CYCLE_TIME=abc and the like
 """
 
@@ -18,7 +22,8 @@ import re
 
 from hvdkit.core.errors import UserError
 
-# The numbers below are docs/BENCHMARKS.md's Tuning table (its sixth session), not docs/bench/'s run.
+# The numbers below are docs/BENCHMARKS.md's Tuning table: the sixth session's runs, and issue 26's
+# (raw files in docs/bench/fusion/ and docs/bench/cycle/).
 # Cycle time on CPU under MPI: 0.1 ms (Horovod's default, 1 ms, under Gloo
 # and on GPU). Horovod's background thread wakes every cycle to agree with
 # the other ranks on which tensors are ready, so a tensor waits up to a cycle
@@ -41,7 +46,9 @@ from hvdkit.core.errors import UserError
 # (horovodrun -np 2 --gloo) from 11.9, 12.0 s to 13.7, 13.7 s (13.7, 13.0 s
 # at 0.2 ms). MPI's idle rank spins at 100% either way (the yield makes it
 # give way), and the example took 10.8, 10.9 s at 1 ms and 10.6, 11.1 s at
-# 0.1. So 0.1 ms with MPI, Horovod's 1 ms with Gloo.
+# 0.1. So 0.1 ms with MPI on one host, Horovod's 1 ms with Gloo. Across hosts
+# the cycle's negotiation crosses the network every 0.1 ms, which was not
+# measured (the scaling study ran at 1 ms), so multi-host jobs keep 1 ms.
 
 # MPI's idle policy. Open MPI spins while it waits for a peer (in the
 # negotiation every cycle and inside each allreduce), and yields the core only
@@ -64,6 +71,9 @@ from hvdkit.core.errors import UserError
 # 55.8 ms for mpi4py reducing them one by one and scaling (1.90x) at 128 MiB,
 # and 45.2 ms against 45.3 ms (1.00x) at 1 MiB; one 16 / 64 MiB tensor was not
 # slower (104% / 90% of mpi4py-avg's bandwidth at 1 MiB, 73% / 91% at 128 MiB).
+# Under MPI only: Gloo's one-host and multi-host runs used Horovod's 128 MiB,
+# and Horovod's Gloo ring pays a cost per operation (docs/BENCHMARKS.md,
+# Across hosts) that 1 MiB pieces would multiply.
 # On GPUs Horovod's default stays: NCCL is tuned for large buffers (not measured here: no GPU was lent).
 # The training step: see docs/BENCHMARKS.md's Tuning table.
 #
@@ -90,6 +100,8 @@ FLAG_SETTINGS = ("HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_MISMATCH_SHUTDOWN
                  "HOROVOD_HIERARCHICAL_ALLGATHER",
                  "HOROVOD_AUTOTUNE", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_DISABLE_GROUP_FUSION",
                  "HOROVOD_ENABLE_XLA_OPS", "HOROVOD_BLOCKING_WAIT")
+# Horovod throws in hvd.init() for any other value, an empty one included.
+CHOICE_SETTINGS = {"HOROVOD_CONTROLLER": ("mpi", "gloo"), "HOROVOD_CPU_OPERATIONS": ("mpi", "gloo", "ccl")}
 _INTEGER = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "HOROVOD_NUM_NCCL_STREAMS",
             "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE")
 
@@ -119,6 +131,11 @@ def check_horovod_environment(environ=os.environ) -> None:
         if value and not value.isdigit():
             raise UserError(f"{name}={value!r} is not 0 or 1 (Horovod reads only the leading digits, so "
                             f"'true' means off): set {name}=1 or {name}=0")
+    for name, allowed in CHOICE_SETTINGS.items():
+        value = environ.get(name)
+        if value is not None and value.lower() not in allowed:   # Horovod compares exactly (strcasecmp)
+            raise UserError(f"{name}={value!r} is not one of {', '.join(allowed)} (Horovod would stop in "
+                            f"hvd.init() with 'Unsupported ... type'): set {name}={allowed[1]}, or unset it")
 
 
 CPU_FUSION_THRESHOLD = 1 << 20
@@ -127,20 +144,37 @@ CPU_MPI_CYCLE_TIME_MS = "0.1"
 
 def horovod_controller(environ=os.environ, mpi_built: bool = True) -> str:
     """The controller ``hvd.init()`` will pick: Gloo when asked for (horovodrun --gloo, elastic) or without MPI."""
-    return "gloo" if environ.get("HOROVOD_CONTROLLER", "").strip().lower() == "gloo" or not mpi_built else "mpi"
+    asked = environ.get("HOROVOD_CONTROLLER", "").lower()
+    if asked in ("mpi", "gloo"):
+        return asked
+    return "mpi" if mpi_built else "gloo"
 
 
-def horovod_defaults(on_gpu: bool, controller: str = "mpi") -> dict[str, str]:
-    """The HOROVOD_* variables hvdkit would set, before looking at the environment."""
+def spans_one_host(environ=os.environ) -> bool:
+    """Whether every rank runs on this host, from the launcher's variables (a lone process does)."""
+    for size, local in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),   # mpirun, horovodrun --mpi
+                        ("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE")):                  # horovodrun --gloo
+        if environ.get(size) and environ.get(local):
+            return environ[size].strip() == environ[local].strip()
+    nodes = environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES")    # srun --mpi=pmix
+    if nodes and environ.get("SLURM_STEP_ID") is not None:
+        return nodes.strip() == "1"
+    return True
+
+
+def horovod_defaults(on_gpu: bool, controller: str, one_host: bool, autotune: bool = False) -> dict[str, str]:
+    """The variables hvdkit would set, before looking at the environment (see the measurements above)."""
     if on_gpu:
         return {}
-    defaults = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)}
-    if controller == "mpi":
-        defaults["HOROVOD_CYCLE_TIME"] = CPU_MPI_CYCLE_TIME_MS
+    defaults = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    if controller == "mpi" and not autotune:          # autotune tunes these two itself, unless they are set
+        defaults["HOROVOD_FUSION_THRESHOLD"] = str(CPU_FUSION_THRESHOLD)
+        if one_host:
+            defaults["HOROVOD_CYCLE_TIME"] = CPU_MPI_CYCLE_TIME_MS
     return defaults
 
 
-def apply_horovod_defaults(on_gpu: bool, environ=os.environ, controller: str = "mpi") -> dict[str, str]:
+def apply_horovod_defaults(on_gpu: bool, controller: str, one_host: bool, environ=os.environ) -> dict[str, str]:
     """Check the environment's Horovod settings, set each default it does not already have; return what was set.
 
     An empty setting is removed first: it counts as unset here, while Horovod
@@ -150,8 +184,9 @@ def apply_horovod_defaults(on_gpu: bool, environ=os.environ, controller: str = "
     for name in (*NUMBER_SETTINGS, *FLAG_SETTINGS):
         if name in environ and not environ[name].strip():
             del environ[name]
+    autotune = int(re.match(r"\d*", environ.get("HOROVOD_AUTOTUNE", "").strip()).group() or 0) > 0
     applied = {}
-    for key, value in horovod_defaults(on_gpu, controller).items():
+    for key, value in horovod_defaults(on_gpu, controller, one_host, autotune).items():
         if key not in environ:
             environ[key] = applied[key] = value
     return applied

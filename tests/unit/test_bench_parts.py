@@ -14,7 +14,6 @@ from hvdkit.bench.runner import TrainBench, available, plan_horovodrun, plan_tra
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags, LaunchTarget
-from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller
 from hvdkit.core.units import format_bytes
 from hvdkit.core.units import parse_byte_range as parse_sizes
 from tests.conftest import ROOT
@@ -115,43 +114,6 @@ def test_bus_bandwidth_follows_nccl_tests():
     # hvdkit's share of each reference's bandwidth: 0.5 ms / 1 ms of raw MPI's sum, 0.8 / 1 of sum-then-scale
     assert header.split()[-2:] == ["hvdkit/mpi4py", "hvdkit/mpi4py-avg"] and line.split()[-2:] == ["50%", "80%"]
     assert "hvdkit/mpi4py-avg" not in allreduce_table(rows[:2])
-
-
-def test_tuning_defaults_never_override_the_user():
-    env = {"HOROVOD_CYCLE_TIME": "5", "OMPI_MCA_mpi_yield_when_idle": "0"}
-    assert apply_horovod_defaults(False, env) == {"HOROVOD_FUSION_THRESHOLD": "1048576"}
-    assert env["HOROVOD_CYCLE_TIME"] == "5"
-    assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
-    env = {}
-    # on CPU: 1 MiB fusion, and a 0.1 ms cycle under MPI only (Gloo keeps Horovod's 1 ms): hvdkit/core/tuning.py
-    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1",
-                                                  "HOROVOD_FUSION_THRESHOLD": "1048576",
-                                                  "HOROVOD_CYCLE_TIME": "0.1"} == env
-    assert "HOROVOD_CYCLE_TIME" not in apply_horovod_defaults(False, {}, controller="gloo")
-    assert apply_horovod_defaults(True, {}) == {}
-    env = {"HOROVOD_FUSION_THRESHOLD": "134217728", "HOROVOD_CYCLE_TIME": "1"}   # the environment's word is final
-    assert apply_horovod_defaults(False, env) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
-    assert env["HOROVOD_FUSION_THRESHOLD"] == "134217728" and env["HOROVOD_CYCLE_TIME"] == "1"
-
-
-def test_an_empty_horovod_setting_counts_as_unset():
-    """Horovod reads HOROVOD_CYCLE_TIME= as a 0 ms cycle; hvdkit removes it, then sets its default if it has one."""
-    env = {"HOROVOD_CYCLE_TIME": " ", "HOROVOD_CACHE_CAPACITY": ""}
-    assert apply_horovod_defaults(False, env)["HOROVOD_CYCLE_TIME"] == "0.1"
-    assert env["HOROVOD_CYCLE_TIME"] == "0.1" and "HOROVOD_CACHE_CAPACITY" not in env
-    env = {"HOROVOD_CYCLE_TIME": ""}
-    apply_horovod_defaults(False, env, controller="gloo")
-    assert "HOROVOD_CYCLE_TIME" not in env                       # Horovod's own 1 ms, not 0
-
-
-@pytest.mark.parametrize("env, mpi_built, controller", [
-    ({}, True, "mpi"),                                  # horovodrun --mpi, mpirun, srun --mpi=pmix, one process
-    ({"HOROVOD_CONTROLLER": "gloo"}, True, "gloo"),     # horovodrun --gloo and elastic horovodrun set this
-    ({"HOROVOD_CONTROLLER": "mpi"}, True, "mpi"),
-    ({}, False, "gloo"),                                # a Horovod built without MPI
-])
-def test_the_controller_hvd_init_will_pick(env, mpi_built, controller):
-    assert horovod_controller(env, mpi_built) == controller
 
 
 def test_a_result_write_that_fails_midway_keeps_the_previous_file_whole(tmp_path):
