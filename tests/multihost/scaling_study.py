@@ -170,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
               "or calibrate on one of those", file=sys.stderr)
         return 2
     # SIGTERM (a CI timeout, kill) ends the study like Ctrl-C: through the with-block that removes the hosts.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    study = run_study(args)
+    # The caller's handler comes back afterwards (the smoke test runs main() inside pytest).
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        study = run_study(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     try:
         write(study, out, args.calibrate_on)
     except UserError as exc:             # scaling.json is written first, so --reanalyse can retry

@@ -13,11 +13,12 @@ MBIT = 200
 SIZE = 8 << 20
 
 
+@pytest.mark.timeout(600)        # 41-58 s measured; each launch is bounded at 240 s below, inside this
 def test_ring_and_parameter_server_on_shaped_links(tmp_path):
     require_root()
     rc = main(["--hosts", "2", "--link-mbit", str(MBIT), "--sizes", "8M", "--ring", "hvdkit,horovod-gloo",
                "--models", "",
-               "--repeats", "2", "--timeout", "300", "--out", str(tmp_path)])
+               "--repeats", "2", "--timeout", "240", "--out", str(tmp_path)])
     study = json.loads((tmp_path / "scaling.json").read_text())
     assert rc == 0 and not study["failures"], study["failures"]
     assert study["qdisc"].count(f"rate {MBIT}Mbit") == 2                      # both ends of the server's link
@@ -39,7 +40,9 @@ def test_ring_and_parameter_server_on_shaped_links(tmp_path):
     for impl, factor in (("hvdkit", 1), ("horovod-gloo", 1), ("ps", 2)):
         assert rows[impl]["median_s"] >= 0.95 * factor * SIZE / link, (impl, rows[impl]["median_s"])
     assert rows["horovod-gloo"]["median_s"] <= 2 * SIZE / link, rows["horovod-gloo"]["median_s"]
-    assert rows["ps"]["median_s"] / rows["horovod-gloo"]["median_s"] > 2.5
+    # The server's point: several times the ring's time (3.8-3.9x measured alone; its floor, 2K, is 2x Gloo's
+    # unloaded K). 1.8 leaves room for CI slowing Gloo by half while the server stays near its floor.
+    assert rows["ps"]["median_s"] / rows["horovod-gloo"]["median_s"] > 1.8
     table = (tmp_path / "scaling.txt").read_text()
     assert "measured vs predicted" in table and "(calibration)" in table
     predicted = json.loads((tmp_path / "scaling-predicted.json").read_text())

@@ -179,7 +179,10 @@ class TestHosts:
     # -- use ------------------------------------------------------------------
     def run_on(self, name: str, argv: list[str], timeout: float,
                env: dict | None = None) -> subprocess.CompletedProcess:
-        """Run a command inside host ``name`` (its network and hostname), killing its group on timeout."""
+        """Run a command inside host ``name`` (its network and hostname), killing its group on timeout.
+
+        Also on any other way out (pytest-timeout's exception, Ctrl-C, SIGTERM turned into SystemExit):
+        the command runs in a session of its own, so nothing else would stop it."""
         proc = subprocess.Popen(self.enter(name, " ".join(_quote(a) for a in argv)),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
@@ -189,6 +192,13 @@ class TestHosts:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             raise TimeoutError(f"{argv[0]} on {name} ran past {timeout}s:\n{out[-3000:]}") from None
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            raise
         return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
     def spawn_on(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
