@@ -52,7 +52,8 @@ test-unit: $(TEST_STAMP)
 test-unit-dev:
 	rm -rf $(DEV_VENV)
 	$(HVDKIT_PYTHON) -m venv $(DEV_VENV)
-	$(DEV_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	PIP_CONSTRAINT=$(abspath constraints.txt) $(DEV_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+		-c constraints.txt -e '.[dev]'
 	$(DEV_VENV)/bin/python -m pytest -m unit -p no:cacheprovider $(PYTEST_ARGS)
 	rm -rf $(DEV_VENV)
 

