@@ -3,7 +3,7 @@
 Run as root from the repository root: .venv/bin/python docs/bench/openmpi_ring.py
 It makes 4 test hosts (tests/multihost/testhosts.py), shapes each link to 500 Mbit/s
 each way, and times mpi4py's in-place MPI_Allreduce of 8 MiB on 3 and 4 hosts (one
-process each, median of 4 after 2 warm-ups) with Open MPI's own algorithm choice, with
+process each, the upper median of 4 timings, i.e. the third fastest, after 2 warm-ups) with Open MPI's own algorithm choice, with
 the ring forced (coll_tuned_allreduce_algorithm=4), and with the ring and two TCP
 connections per peer (btl_tcp_links=2). Output: docs/bench/openmpi_ring.txt.
 """

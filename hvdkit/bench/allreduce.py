@@ -1,4 +1,4 @@
-"""Allreduce benchmark worker: one implementation per launch, results from rank 0.
+"""Allreduce benchmark worker: one implementation per launch, results from rank 0 (a parameter server's: rank 1).
 
 Launched by ``hvdkit bench allreduce`` (see :mod:`hvdkit.bench.runner`) as
 ``python -m hvdkit.bench.allreduce --impl NAME``. The implementations are

@@ -25,7 +25,8 @@ _PREFIX = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
 
 
 def emit(payload: dict, stream=None) -> None:
-    """Write ``payload`` as JSON in marked base64 chunks (call on rank 0 only)."""
+    """Write ``payload`` as JSON in marked base64 chunks (call on the reporting rank only: rank 0, or a parameter
+    server's first worker)."""
     stream = stream or sys.stdout
     data = base64.b64encode(json.dumps(payload).encode()).decode()
     chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [""]
