@@ -11,14 +11,12 @@ import csv
 import io
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 from hvdkit.bench.catalog import implementations
-from hvdkit.core.checkpoint_files import atomic_write
+from hvdkit.core.checkpoint_files import atomic_write, writable_free_bytes
 from hvdkit.core.console import text_table
 from hvdkit.core.errors import UserError
 from hvdkit.core.units import format_bytes
@@ -99,14 +97,10 @@ RESULTS_BYTES = 1 << 20      # a bench's JSON, CSV, text and PNG: tens to hundre
 def check_results_dir(out: str) -> None:
     """Before any launch: stop with one line if ``out`` cannot take a bench's results (about 1 MiB)."""
     try:
-        os.makedirs(out, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=out)
-        os.close(fd)
-        os.unlink(probe)
+        free = writable_free_bytes(out)
     except OSError as exc:
         raise UserError(f"cannot write bench results to {out!r}: {exc.strerror or exc} (errno {exc.errno}): "
                         "choose another --out directory") from exc
-    free = shutil.disk_usage(out).free
     if free < RESULTS_BYTES:
         raise UserError(f"--out {out!r} has {format_bytes(free)} free, and a bench's results need about "
                         f"{format_bytes(RESULTS_BYTES)}: free space there or choose another --out directory")

@@ -111,6 +111,18 @@ def _cannot_write(path: str, exc: OSError, what: str = "checkpoint") -> str:
             f"{fix.get(exc.errno, 'check the path and the file system')}; the previous {what} is untouched")
 
 
+def writable_free_bytes(directory: str) -> int:
+    """Create ``directory``, write and remove a probe file in it, and return its free bytes.
+
+    Raises the OSError that a save there would meet (read-only, no permission, a file in the path).
+    """
+    os.makedirs(directory, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
+    return shutil.disk_usage(directory).free
+
+
 def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:
     """None when a checkpoint of about ``need_bytes`` can be saved at ``path``; else the one-line reason and fix.
 
@@ -121,13 +133,9 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:
     path = os.fspath(path)
     directory = path if is_directory_target(path) else os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=directory)
-        os.close(fd)
-        os.unlink(probe)
+        free = writable_free_bytes(directory)
     except OSError as exc:
         return _cannot_write(path, exc).replace("; the previous checkpoint is untouched", "")
-    free = shutil.disk_usage(directory).free
     if need_bytes and free < need_bytes:
         return (f"checkpoint directory {directory!r} has {format_bytes(free)} free but a checkpoint of this model "
                 f"needs about {format_bytes(need_bytes)}: free space there or choose another --checkpoint path")

@@ -35,3 +35,20 @@ def test_every_code_block_is_in_a_language_the_docs_tests_run(page):
     opening = fences[::2]                   # fences alternate: opening (with its language), closing
     assert all(not f for f in fences[1::2]), f"{page}: a closing fence with a language"
     assert set(opening) <= RUN | {""}, f"{page}: blocks in {sorted(set(opening) - RUN - {''})}"
+
+
+@pytest.mark.parametrize("readme_says, raw_file, lines", [
+    # the fusion default: the 161 gradients at 1 MiB and at Horovod's 128 MiB
+    ("45.2 ms, MPI one by one 45.3", "fusion/allreduce-1M.txt", [r"hvdkit\s+45\.2 ms", r"mpi4py-avg\s+45\.3 ms"]),
+    ("at 128 MiB 106.2, 55.8", "fusion/allreduce-128M.txt", [r"hvdkit\s+106\.2 ms", r"mpi4py-avg\s+55\.8 ms"]),
+    # the cycle default: at the shipped defaults, and at Horovod's 1 ms
+    ("16 / 64 MiB at 105% / 99%", "cycle/allreduce-default.txt", [r"16 MiB .* 105%", r"64 MiB .* 99%"]),
+    ("at Horovod's 1 ms, 75% / 96%", "cycle/allreduce-1ms-16M64M.txt", [r"16 MiB .* 75%", r"64 MiB .* 96%"]),
+])
+def test_readme_performance_numbers_are_in_the_raw_files(readme_says, raw_file, lines):
+    """The one-host numbers README's Performance section quotes, against docs/bench/ as hvdkit bench wrote it
+    (the across-hosts ones: tests/unit/test_scaling_analysis.py)."""
+    assert readme_says in (ROOT / "README.md").read_text()
+    raw = (ROOT / "docs" / "bench" / raw_file).read_text()
+    for line in lines:
+        assert re.search(line, raw), (raw_file, line)

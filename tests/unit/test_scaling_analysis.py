@@ -67,3 +67,37 @@ def test_without_a_2_host_ring_the_fit_moves_to_3_hosts_and_says_so():
 def test_no_ring_to_calibrate_on_is_one_line():
     with pytest.raises(UserError, match="no horovod-gloo allreduce sweep to calibrate on"):
         analyse({"runs": [r for r in study()["runs"] if r["kind"] == "train"]})
+
+
+def test_the_committed_study_gives_what_the_readme_quotes():
+    """README's across-hosts numbers come from docs/bench/scaling.json, re-analysed here."""
+    import json
+
+    from tests.conftest import ROOT
+
+    bench = ROOT / "docs" / "bench"
+    result = analyse(json.loads((bench / "scaling.json").read_text()), "horovod-gloo")
+    committed = json.loads((bench / "scaling-predicted.json").read_text())
+    assert (result["within"], result["points"]) == (committed["within"], committed["points"]) == (33, 66)
+    assert [round(p["predicted_s"], 9) for p in result["exchanges"]] == \
+        [round(p["predicted_s"], 9) for p in committed["exchanges"]]
+    sweep = [p for p in result["exchanges"] if p["case"] == "sweep" and not p["calibration"]]
+    ps = [round(p["error"] * 100) for p in sweep if p["impl"] == "ps" and p["bytes"] >= 4 << 20]
+    assert (min(ps), max(ps)) == (-3, 13)
+    assert all(abs(p["error"]) <= 0.045 for p in sweep if p["impl"] == "torch")
+    ps_steps = [round(s["error"] * 100) for s in result["steps"] if s["impl"] == "ps" and s["model"] == "resnet50"]
+    assert (min(ps_steps), max(ps_steps)) == (2, 3)
+
+    def measured(impl, hosts):
+        return next(p["measured_s"] for p in result["exchanges"]
+                    if p["impl"] == impl and p["hosts"] == hosts and p["bytes"] == 64 << 20)
+
+    ring, server = measured("torch", 4) / measured("torch", 2), measured("ps", 4) / measured("ps", 2)
+    assert (round(ring, 2), round(server, 2)) == (1.49, 1.99)
+    by = {(p["impl"], p["hosts"], p["bytes"]): p["measured_s"] for p in sweep}
+    open_mpi = [by[(impl, n, k)] / by[("torch", n, k)] for impl in ("hvdkit", "mpi4py-avg") for n in (3, 4)
+                for k in (4 << 20, 16 << 20, 64 << 20)]
+    assert (round(min(open_mpi), 1), round(max(open_mpi), 1)) == (1.8, 3.3)
+    readme = (ROOT / "README.md").read_text()
+    for quoted in ("-3% to +13%", "+2-3%", "within 4%", "grows 1.49x, the server's 1.99x", "1.8-3.3x"):
+        assert quoted in readme, quoted
