@@ -20,6 +20,8 @@ from hvdkit.core import context, state
 from hvdkit.core.lr import reduce_options, scale_lr_for
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
+from hvdkit.torch.data import check_loader_sharded
+from hvdkit.torch.nonfinite import NonFiniteCheck
 from hvdkit.torch.stragglers import CLOCK
 from hvdkit.torch.tensors import plain_module, to_cpu
 
@@ -35,7 +37,7 @@ def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
                          compression: str = "none", backward_passes_per_step: int = 1,
                          op: str = "average", gradient_predivide_factor: float = 1.0,
-                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+                         sparse_as_dense: bool = False, check_finite: bool = True) -> torch.optim.Optimizer:
     """Step 3: average gradients across ranks with Horovod's ring-allreduce.
 
     ``model`` supplies parameter names (so Horovod's tensor names match on all
@@ -43,7 +45,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     optimizer updates must belong to it and sit on this rank's device.
     ``backward_passes_per_step=k`` accumulates k local backward passes before
     one allreduce (gradient accumulation). ``compression="fp16"`` halves the
-    bytes on the wire.
+    bytes on the wire. ``check_finite`` (on by default) stops a step whose
+    averaged gradient holds NaN or inf before it is applied, naming the rank
+    that produced it (:mod:`hvdkit.torch.nonfinite`; its cost is in
+    docs/RELIABILITY.md).
     """
     ctx = current()
     if _is_wrapped(optimizer):
@@ -89,6 +94,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         wrapped.load_state_dict(optimizer.state_dict())
     if op != "adasum":      # Adasum combines weight changes in step(): there is no gradient average to wait for
         _AverageWhenBackwardReturns(wrapped)
+        if check_finite and wrapped._grad_accs:   # none at size 1: nothing to spread
+            NonFiniteCheck(wrapped)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
 
@@ -110,7 +117,13 @@ class _AverageWhenBackwardReturns:
 
     Parameters that get no gradient in a pass (unused, or frozen by hand
     while still ``requires_grad``) are reduced in ``step()``, as Horovod does,
-    with a one-time warning that the guarantee did not hold. Keying on the
+    with a one-time warning that names them, since the guarantee did not
+    hold. Parameters frozen with ``requires_grad=False`` after the optimizer
+    was wrapped are left out of the averaging, as DDP leaves them: Horovod
+    would give them a zero gradient, which momentum and weight decay then
+    turn into a move; untouched, their ``grad`` stays None and the optimizer
+    skips them, as in one process. Every rank must freeze the same ones
+    (each rank's set decides which allreduces it joins). Keying on the
     graph task, not a flag, means a backward that raised (a caught
     out-of-memory error, an elastic reset) cannot leave the callback off; and
     reentrant activation checkpointing, whose inner backward passes are
@@ -134,10 +147,18 @@ class _AverageWhenBackwardReturns:
             self.task, self.averaged = task, False
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
+    def _averaged_now(self) -> set:
+        """The parameters this step averages: Horovod's list, less those frozen (requires_grad=False) since."""
+        return {p for p in self.optimizer._requires_update if p.requires_grad}
+
+    def _not_started(self) -> list:
+        """Parameters to average whose allreduce has not started (no gradient in this pass yet)."""
+        handles = self.optimizer._handles
+        return [p for p in self._averaged_now() if handles.get(p, (None, None))[0] is None]
+
     def _started(self) -> bool:
         """Every parameter's allreduce has started (the k-th of k accumulated passes has reached them all)."""
-        handles = self.optimizer._handles
-        return all(handles.get(p, (None, None))[0] is not None for p in self.optimizer._requires_update)
+        return not self._not_started()
 
     def _end_of_backward(self) -> None:
         self.task = None
@@ -148,16 +169,26 @@ class _AverageWhenBackwardReturns:
         """Wait for the allreduces; a no-op when the last backward pass already did."""
         if self.averaged and not self.optimizer._handles:
             return
-        if not self.warned and any(h is not None for h, _ in self.optimizer._handles.values()):
+        missing = self._not_started()
+        if missing and not self.warned and any(h is not None for h, _ in self.optimizer._handles.values()):
             self.warned = True      # a pass started allreduces but not all of them: some parameters got no gradient
-            missing = [n for p, n in self.optimizer._parameter_names.items()
-                       if p in self.optimizer._requires_update and self.optimizer._handles.get(p, (None,))[0] is None]
-            log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s), so gradients were "
+            names = sorted(self.optimizer._parameter_names[p] for p in missing)
+            log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s%s), so gradients were "
                         "averaged in step(), not when backward() returned: clipping or reading them in between saw "
                         "this rank's own; set requires_grad=False on parameters that are not used",
-                        len(missing), ", ".join(sorted(missing)[:3]))
+                        len(names), ", ".join(names[:3]), ", ..." if len(names) > 3 else "")
         started = time.perf_counter()
-        self.horovod_synchronize(self.optimizer)
+        everything = self.optimizer._requires_update
+        # Frozen since wrapping and not started: Horovod's synchronize would reduce a zero gradient for them.
+        frozen = {p for p in everything - self._averaged_now()
+                  if self.optimizer._handles.get(p, (None, None))[0] is None}
+        for p in frozen:
+            self.optimizer._handles.pop(p, None)
+        self.optimizer._requires_update = everything - frozen
+        try:
+            self.horovod_synchronize(self.optimizer)
+        finally:
+            self.optimizer._requires_update = everything
         # The wait for the other ranks' gradients: a step less it is this rank's own (hk.report_stragglers).
         CLOCK.add_wait(time.perf_counter() - started)
         CLOCK.step_done()
@@ -193,6 +224,7 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
         # A generator: one parameter at a time on the host, no float64 copy of the whole model.
         params = (p.detach().double().cpu().numpy() for g in opt.param_groups for p in g["params"])
         state.check_weights_agree(context.backend(ADAPTER), state.weights_digest(params), BROADCAST_FIX)
+        check_loader_sharded()      # the loader in use: a plain DataLoader trains every rank on all the data
 
     optimizer.register_step_post_hook(after_step)
 

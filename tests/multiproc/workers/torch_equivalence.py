@@ -25,6 +25,8 @@ p.add_argument("--autocast", action="store_true", help="forward passes under CPU
 p.add_argument("--abort-first", action="store_true",
                help="first a backward that raises midway (caught, as after an out-of-memory error), in eval mode")
 p.add_argument("--checkpoint", help="save after training, then load into a plain (uncompiled) SmallNet")
+p.add_argument("--freeze-after", type=int, default=None,
+               help="set requires_grad=False on the conv layer before this step, on both sides")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
@@ -101,7 +103,18 @@ def abort_a_backward(xs, ys):
     opt.zero_grad()
 
 
+def freeze_at(step, module):
+    """Freeze the conv layer mid-training, as a fine-tuning script does; returns its weights when it does."""
+    if step != args.freeze_after:
+        return None
+    module.conv.requires_grad_(False)
+    return module.conv.weight.detach().clone()
+
+
 for step in range(args.steps):
+    frozen = freeze_at(step, model)
+    if frozen is not None:
+        frozen_weights = frozen
     xs = x_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     if args.abort_first and step == 0:
@@ -127,6 +140,7 @@ if ctx.rank == 0:
     # per-pass batches: ranks' micro-batches, forwarded one after another.
     ref_opt = make_optimizer(args.optimizer, reference.parameters())
     for step in range(args.steps):
+        freeze_at(step, reference)
         ref_opt.zero_grad()
         for r in range(ctx.size):
             for m in range(k):
@@ -144,6 +158,8 @@ if ctx.rank == 0:
     result["max_param_diff"] = max(diffs)
     result["param_change"] = max((a - b).abs().max().item()
                                  for a, b in zip(model.parameters(), initial.parameters()))
+if args.freeze_after is not None:
+    result["frozen_change"] = (model.conv.weight - frozen_weights).abs().max().item()
 result["logit_dtypes"] = sorted(result["logit_dtypes"])
 result["user_post_hook_calls"] = len(user_post_hook_calls)
 write_result(args.out, ctx.rank, result)
