@@ -1,0 +1,67 @@
+"""The torch side of :mod:`hvdkit.core.nonfinite`: a NaN or inf gradient stops the step and names its rank.
+
+Installed by :func:`hvdkit.torch.DistributedOptimizer` unless
+``check_finite=False``. Each gradient's own contribution is summed (one
+reduction a parameter and backward pass, no host sync) just before autograd
+accumulates it, that is before Horovod's allreduce overwrites it with the
+average; before the optimizer steps, one fused norm over the averaged
+gradients and one host sync tell whether anything is non-finite. Only then
+do the ranks gather their own sums. A ``GradScaler`` skips steps with inf
+gradients before calling ``step()``, so mixed precision is not stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hvdkit.core import context
+from hvdkit.core.nonfinite import NonFiniteGradientError, nonfinite_message
+from hvdkit.torch.context import ADAPTER, current
+
+
+class NonFiniteCheck:
+    """Before each ``step()``: raise :class:`NonFiniteGradientError` on every rank if the average is not finite."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.names = optimizer._parameter_names
+        self.own: list[tuple[torch.Tensor, torch.Tensor]] = []   # (parameter, sum of its gradient), this step
+        self.steps = 0
+        # Horovod's accumulators, in its order: param_groups' parameters that require a gradient.
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        for p, accumulator in zip(params, optimizer._grad_accs):
+            accumulator.register_prehook(self._before_accumulation(p))
+        optimizer.register_step_pre_hook(self._before_step)
+
+    def _before_accumulation(self, p: torch.Tensor):
+        def hook(grad_outputs):
+            grad = grad_outputs[0]
+            if grad is not None and not grad.is_sparse:
+                self.own.append((p, grad.detach().sum()))
+        return hook
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        # torch runs step pre-hooks twice under Horovod's class (its step and the original's): once is enough.
+        if not self.own:
+            return
+        own, self.own = self.own, []
+        self.steps += 1
+        optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optim)
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None and not p.grad.is_sparse]
+        if not grads or _all_finite(grads):
+            return
+        first = next((self.names.get(p, "?") for p, total in own if not bool(torch.isfinite(total))), None)
+        gathered = context.backend(ADAPTER).allgather_object(first, name="hvdkit.nonfinite")
+        bad = [(rank, name) for rank, name in enumerate(gathered) if name is not None]
+        raise NonFiniteGradientError(nonfinite_message(bad, step=self.steps, size=current().size))
+
+
+def _all_finite(grads: list[torch.Tensor]) -> bool:
+    """One fused norm a dtype, one host sync: NaN and inf make the norm non-finite."""
+    low = [g for g in grads if g.is_floating_point() and g.element_size() < 4]
+    rest = [g for g in grads if not (g.is_floating_point() and g.element_size() < 4)]
+    # Low precision in float32: a float16 gradient's norm overflows float16 long before its elements do.
+    norms = [n.float() for n in torch._foreach_norm(rest)] if rest else []
+    norms += list(torch._foreach_norm(low, 2, dtype=torch.float32)) if low else []
+    return bool(torch.stack(norms).isfinite().all())
