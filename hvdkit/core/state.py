@@ -104,8 +104,8 @@ def check_weights_agree(backend: Backend, digest: Sequence[float], fix: str, *, 
     weights it trains (:func:`weights_digest`, or the same three numbers
     computed by the framework). Averaged gradients keep identical weights
     identical (up to float roundoff, hence ``rtol``), so a difference means
-    the ranks started apart: ``hk.init(seed)`` seeds each rank differently
-    and nothing copied rank 0's weights. One small allgather, run once;
+    the ranks started apart (built before seeding, seeded per rank, or
+    loaded from different files) and nothing copied rank 0's weights. One small allgather, run once;
     every rank sees the same gathered digests, so all raise together.
     """
     digests = backend.allgather_object(tuple(float(x) for x in digest), name="hvdkit.state.weights_digest")

@@ -28,8 +28,9 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
 
     Raises :class:`hvdkit.keras.BackendError` for backends Horovod cannot
     serve (JAX, NumPy, OpenVINO). ``seed`` seeds Python, numpy, the framework
-    and Keras with ``seed + rank``; weights still start identical because the
-    broadcast callback copies rank 0's.
+    and Keras with ``seed`` on every rank, so a ``np.random.permutation``
+    before ``shard_arrays`` agrees across ranks and the shards are disjoint
+    (:func:`seed_everything`; ``per_rank=True`` there for per-rank streams).
     """
     mode = resolve_backend()
     return context.init(backend_for(mode), mode, adapter=ADAPTER, seed=seed, threads=threads,

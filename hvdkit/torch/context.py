@@ -23,8 +23,9 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     :func:`hvdkit.core.context.init`'s: the GPU is the local rank's unless the
     launcher gave each rank its own, after the ranks compared UUIDs;
     ``threads`` defaults to the host's cores shared among its ranks;
-    ``seed`` seeds Python, numpy and torch with ``seed + rank`` (the model
-    still starts identical everywhere: :func:`broadcast_state` copies rank 0's).
+    ``seed`` seeds Python, numpy and torch with ``seed`` on every rank, so a
+    shuffle or ``random_split`` before sharding agrees across ranks
+    (:func:`seed_everything`; ``per_rank=True`` there for per-rank streams).
     """
     return context.init(TorchBackend(), "torch", adapter=ADAPTER, seed=seed, threads=threads)
 

@@ -18,11 +18,14 @@ import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--case", required=True, choices=["no_callbacks", "custom_loop", "string_optimizer",
-                                                "unsharded_shuffled", "sharded_shuffled"])
+                                                "unsharded_shuffled", "sharded_shuffled", "unsharded_preshuffled",
+                                                "shuffle_then_shard"])
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)   # before init, which reads the backend
-ctx = hk.init(seed=7, threads=1)    # seed + rank: the ranks build different weights
+ctx = hk.init(seed=7, threads=1)
+if args.case in ("no_callbacks", "custom_loop"):
+    hk.seed_everything(7, per_rank=True)   # seed + rank: the ranks build different weights
 
 warnings = []
 
@@ -37,7 +40,14 @@ logging.getLogger("hvdkit.keras").addHandler(Record())
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 8)).astype("float32")
 y = (x[:, :4].argmax(1)).astype("int64")
-if args.case != "unsharded_shuffled":
+ids = np.arange(len(x))
+if args.case == "unsharded_preshuffled":     # the script shuffles with a generator of its own, seeded per process
+    order = np.random.default_rng(100 + ctx.rank).permutation(len(x))
+    x, y = x[order], y[order]
+elif args.case == "shuffle_then_shard":      # as public examples do: numpy's global permutation, then shard
+    order = np.random.permutation(len(x))
+    x, y, ids = hk.shard_arrays(x[order], y[order], ids[order])
+elif args.case != "unsharded_shuffled":
     x, y = hk.shard_arrays(x, y)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -67,4 +77,4 @@ try:
 except Exception as exc:  # noqa: BLE001 - the test reads the type and message
     error = f"{type(exc).__name__}: {exc}"
 write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error, "steps": len(steps),
-                                  "warnings": warnings})
+                                  "warnings": warnings, "ids": ids.tolist()})
