@@ -16,13 +16,13 @@ kept on rank 0 only.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 
 import numpy as np
 
 from hvdkit.core.checkpoint_files import is_directory_target
+from hvdkit.core.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.core.lr import warmup_lr
 from hvdkit.core.lr import warmup_steps as count_warmup_steps
 from hvdkit.core.preemption import PreemptionGuard
@@ -130,48 +130,44 @@ def _broadcast_initial_state(keras, backend) -> type:
 
 
 def check_data_differs(backend, model, root_rank: int = 0) -> bool:
-    """At train begin, on every rank: True (and a warning on ``root_rank``) if all ranks hold the same ``x``.
+    """At train begin, on every rank: True (and a warning on ``root_rank``) if all ranks hold the same data.
 
-    Every rank sends a digest of the arrays it passed to ``fit`` (shape,
-    dtype and up to 256 evenly spaced rows), so unsharded data is found
-    whether or not fit shuffles; ranks that shard by any means (hk.shard_arrays,
-    slicing by rank, tf.data's own ``shard``) differ and are not warned.
-    Data other than numpy arrays (tf.data, generators) sends None: no warning.
+    Every rank sends an order-independent fingerprint of the numpy arrays it
+    passed to ``fit`` (x and y, a multiset hash of their rows:
+    :func:`hvdkit.core.datacheck.rows_fingerprint`), so unsharded data is
+    found whether or not the script or fit shuffled it; ranks that shard by
+    any means (hk.shard_arrays, slicing by rank, tf.data's own ``shard``)
+    differ and are not warned. Data other than numpy arrays (tf.data,
+    generators) sends None: no warning.
     """
-    digests = backend.allgather_object(_arrays_digest(_fit_inputs(model)), name="hvdkit.fit_data")
-    if digests[0] is None or len(set(digests)) != 1:
+    x, y = _fit_inputs(model)
+    arrays = _leaves(x) + ([y] if isinstance(y, np.ndarray) else [])
+    if not same_everywhere(backend, rows_fingerprint(arrays), name="hvdkit.fit_data"):
         return False
     if current().rank == root_rank:
         log.warning("hvdkit: every rank was given the same training data, so each of the %d ranks trains on all of "
                     "it: call x, y = hk.shard_arrays(x, y) (or ds = hk.shard_dataset(ds)) before fit, so each rank "
-                    "trains on its own 1/size of the data", len(digests))
+                    "trains on its own 1/size of the data", current().size)
     return True
 
 
 def _fit_inputs(model):
-    """The ``x`` that ``model.fit`` was called with, read from fit's frame; None where it is not found.
+    """The ``x`` and ``y`` that ``model.fit`` was called with, read from fit's frame; None where not found.
 
     Keras gives callbacks no handle on fit's data, but fit's own frame holds
-    it, named ``x`` in Keras 3's trainers and in tf-keras. A Keras that
-    renames it only loses the check.
+    it, named ``x`` and ``y`` in Keras 3's trainers and in tf-keras. A Keras
+    that renames them only loses the check.
     """
     frame = inspect.currentframe()
     while frame is not None:
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            return frame.f_locals.get("x")
+            return frame.f_locals.get("x"), frame.f_locals.get("y")
         frame = frame.f_back
-    return None
+    return None, None
 
 
-def _arrays_digest(x) -> str | None:
-    leaves = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
-    if not leaves or not all(isinstance(a, np.ndarray) and a.ndim for a in leaves):
-        return None
-    h = hashlib.sha256()
-    for a in leaves:
-        h.update(repr((a.shape, a.dtype.str)).encode())
-        h.update(np.ascontiguousarray(a[::max(1, len(a) // 256)]).tobytes())
-    return h.hexdigest()
+def _leaves(x) -> list:
+    return list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def _metric_average(keras, backend) -> type:

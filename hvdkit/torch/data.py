@@ -12,17 +12,24 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import random
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdkit.backends.torch import hvd
+from hvdkit.core import context
+from hvdkit.core.datacheck import same_everywhere
+from hvdkit.core.integrity import content_digest
 from hvdkit.core.sharding import shard_slice, shard_together, take_shard
-from hvdkit.torch.context import current
+from hvdkit.torch.checkpoint import tensor_bytes
+from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
 
 log = logging.getLogger("hvdkit.torch")
@@ -167,3 +174,61 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entr
     if count == 0:
         return {"loss": math.nan, "accuracy": math.nan, "count": 0}
     return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}
+
+
+def check_loader_sharded() -> bool:
+    """Once, at the first step, on every rank: warn (rank 0) when every rank iterates the same whole dataset.
+
+    A script that keeps its single-process ``DataLoader(dataset, shuffle=True)``
+    trains every rank on all the data: as many steps an epoch as one process,
+    so no speed-up, and nothing fails. The loader being iterated at the first
+    ``step()`` is found among the live DataLoader iterators; if its sampler
+    draws from the whole dataset (a ``RandomSampler`` or ``SequentialSampler``),
+    the ranks compare the dataset's type, length and three of its samples, so
+    the check holds whatever order each rank shuffles in. Ranks whose
+    datasets differ (sharded by hand) are not warned; nor are samples with
+    random augmentation, which differ every time they are read. One gather,
+    once; the samples are read with the random generators' states restored.
+    """
+    fingerprint = _unsharded_loader_fingerprint()
+    if not same_everywhere(context.backend(ADAPTER), fingerprint, name="hvdkit.loader_data"):
+        return False
+    ctx = current()
+    if ctx.rank == 0:
+        length = fingerprint.split(":")[1]
+        log.warning("hvdkit: every rank iterates the same %s samples (a DataLoader without a distributed sampler), so "
+                    "each of the %d ranks trains on all of them and the job is no faster than one process: build it "
+                    "with hk.distributed_loader(dataset, batch_size) and call loader.sampler.set_epoch(epoch) each "
+                    "epoch", length, ctx.size)
+    return True
+
+
+def _unsharded_loader_fingerprint() -> str | None:
+    """(dataset type, length, three samples' digest) of the loader iterated now, if it reads the whole dataset."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    iterators = [o for o in gc.get_objects() if isinstance(o, _BaseDataLoaderIter)]
+    whole = []
+    for it in iterators:
+        sampler = getattr(it._index_sampler, "sampler", it._index_sampler)   # a BatchSampler's own sampler
+        if not isinstance(sampler, (RandomSampler, SequentialSampler)):
+            return None                      # a sharded (or custom) sampler is in use: trust it
+        if not isinstance(it._dataset, IterableDataset) and len(it._dataset) == len(sampler):
+            whole.append(it._dataset)
+    if len(whole) != 1:
+        return None
+    dataset = whole[0]
+    n = len(dataset)
+    if n == 0:
+        return None
+    states = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):     # a sample's random transform must not move the user's stream
+            samples = [dataset[i] for i in sorted({0, n // 2, n - 1})]
+        digest = content_digest(samples, tensor_bytes)["sha256"][:16]
+    except Exception:  # noqa: BLE001 - a dataset that cannot be read this way only loses the check
+        return None
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    return f"{type(dataset).__name__}:{n}:{digest}"
