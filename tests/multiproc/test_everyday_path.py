@@ -1,0 +1,94 @@
+"""The everyday path says nothing when all is well and one line when it is not (issue 35's cases 1-4 and 6).
+
+Each case ran as a user script would, under real horovodrun, on 2 ranks; each test failed before its fix.
+"""
+
+import re
+
+import pytest
+
+from tests.conftest import WORKERS, horovodrun_cmd, run_job
+
+pytestmark = pytest.mark.multiproc
+
+WARNING = re.compile(r"^\S*hvdkit: .*", re.MULTILINE)      # [1]<stderr>:hvdkit: ... as horovodrun prefixes it
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_a_correct_torch_step_prints_no_warning(tmp_path, controller):
+    # Case 1: every multi-rank torch run warned "0 parameter(s) got no gradient ... ()" on every rank, though the
+    # gradients were averaged when backward() returned; the one-time warning then hid the real case below.
+    cmd = horovodrun_cmd(2, [str(WORKERS / "torch_equivalence.py"), "--out", str(tmp_path), "--optimizer", "sgd",
+                             "--between", "clip"], controller)
+    proc = run_job(cmd, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "size" in (tmp_path / "rank1.json").read_text()
+    assert WARNING.findall(proc.stdout) == [], proc.stdout[-3000:]
+
+
+def test_a_parameter_without_gradient_is_still_warned_about_by_name(launch):
+    r0, r1 = launch(2, "torch_everyday.py", "--case", "unused")
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        expected = "hvdkit: 2 parameter(s) got no gradient in the last backward pass (spare.bias, spare.weight)"
+        assert len(r["warnings"]) == 1 and r["warnings"][0].startswith(expected), r["warnings"]
+
+
+def test_parameters_frozen_mid_training_stay_put_as_in_one_process(launch):
+    # Case 2: requires_grad=False after two steps; Horovod reduced a zero gradient for the frozen layer, and
+    # momentum and weight decay moved it (max |dW| 0.29 on 2 ranks, 0 in one process and under DDP).
+    r0, r1 = launch(2, "torch_equivalence.py", "--optimizer", "sgd", "--steps", "4", "--freeze-after", "2")
+    assert r0["size"] == r1["size"] == 2
+    assert r0["frozen_change"] == r1["frozen_change"] == 0.0
+    assert r0["param_change"] > 1e-3, "the other layers must still train"
+    assert r0["max_param_diff"] < 1e-7
+
+
+def test_nan_on_one_rank_stops_every_rank_naming_it(launch):
+    # Case 6: rank 1's NaN loss made every rank's weights NaN and the job exited 0 without a word.
+    r0, r1 = launch(2, "torch_everyday.py", "--case", "nan")
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["error"] and r["error"].startswith(
+            "NonFiniteGradientError: rank 1 (first in 'fc2.bias') produced a non-finite (NaN or inf) gradient at "
+            "step 3"), r["error"]
+        assert "check_finite=False" in r["error"]
+        assert r["steps"] == 2 and r["finite"], "the step must not be applied: the weights stay finite"
+
+
+@pytest.mark.parametrize("case,warned", [("plain_loader", True), ("sharded", False)])
+def test_an_unsharded_torch_loader_is_warned_about_once(launch, case, warned):
+    # Case 4 (torch): a plain DataLoader trained every rank on all the data (no speed-up) without a word.
+    r0, r1 = launch(2, "torch_everyday.py", "--case", case)
+    assert r0["size"] == r1["size"] == 2
+    hints = [w for w in r0["warnings"] if "hk.distributed_loader(dataset, batch_size)" in w]
+    assert len(hints) == (1 if warned else 0), r0["warnings"]
+    assert r1["warnings"] == [], "rank 0 alone says it"
+    assert r0["steps"] == (40 if warned else 20)
+
+
+def test_random_split_after_init_gives_every_rank_the_same_split(launch):
+    # Case 3 (torch): init(seed) seeded seed + rank, so random_split before sharding split differently per rank.
+    r0, r1 = launch(2, "torch_everyday.py", "--case", "random_split")
+    assert r0["size"] == r1["size"] == 2
+    assert r0["train_indices"] == r1["train_indices"]
+
+
+def test_shuffle_then_shard_gives_disjoint_shards_covering_the_data(launch):
+    # Case 3 (Keras): np.random.permutation before hk.shard_arrays differed per rank: 189 of 800 rows on both
+    # ranks, 189 on neither.
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", "tensorflow", "--case", "shuffle_then_shard", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["error"] is None and r1["error"] is None
+    assert set(r0["ids"]).isdisjoint(r1["ids"])
+    assert sorted(r0["ids"] + r1["ids"]) == list(range(64))
+
+
+def test_unsharded_data_the_script_shuffled_is_warned_about(launch):
+    # Case 4 (Keras): the check hashed rows in order, so arrays each rank had shuffled its own way passed.
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", "tensorflow", "--case", "unsharded_preshuffled", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    assert sorted(r0["ids"]) == sorted(r1["ids"]) and r0["ids"] == list(range(64))
+    hints = [w for w in r0["warnings"] if w.startswith("hvdkit: every rank was given the same training data")]
+    assert len(hints) == 1, r0["warnings"]
+    assert r1["warnings"] == []
