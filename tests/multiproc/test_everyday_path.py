@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, run_job
+from tests.conftest import WORKERS, horovodrun_cmd, job_env, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -92,3 +92,21 @@ def test_unsharded_data_the_script_shuffled_is_warned_about(launch):
     hints = [w for w in r0["warnings"] if w.startswith("hvdkit: every rank was given the same training data")]
     assert len(hints) == 1, r0["warnings"]
     assert r1["warnings"] == []
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_horovods_own_keras_recipe_names_the_way_out_on_keras_3(tmp_path, legacy):
+    # Case 5: on Keras 3 the recipe failed at compile (experimental_run_tf_function), then in the warmup
+    # callback (keras.backend.get_value), naming neither hvdkit.keras nor tf-keras.
+    env = job_env(TF_USE_LEGACY_KERAS="1" if legacy else "0")
+    proc = run_job(horovodrun_cmd(2, [str(WORKERS / "horovod_keras_recipe.py")]), timeout=180, env=env)
+    if legacy:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert "trained on 2 ranks" in proc.stdout
+        return
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if "RuntimeError: DistributedOptimizer:" in line]
+    assert errors and all(line.endswith("pip install tf-keras and set TF_USE_LEGACY_KERAS=1") for line in errors), \
+        proc.stdout[-3000:]
+    assert "use hvdkit.keras" in errors[0]
+    assert "experimental_run_tf_function" not in proc.stdout, "it must stop before compile"
