@@ -66,6 +66,9 @@ def run_diff(example: Example) -> None:
             if name == "hvdkit":
                 sizes = [json.loads((Path(tmp) / f"rank{r}.json").read_text())["size"] for r in range(NP)]
                 assert sizes == [NP] * NP, f"the hvdkit side ran at sizes {sizes}, not {NP}"
+                # A correct script gets no warning: one on every run teaches users to ignore them (issue 35).
+                warnings = re.findall(r"^.*hvdkit: .*$", proc.stdout, re.MULTILINE)
+                assert not warnings, f"{example.path}:{example.line} warned:\n" + "\n".join(warnings)
 
 
 def run_bash(example: Example) -> None:

@@ -1,0 +1,48 @@
+"""Every script in examples/ runs on 2 ranks, as its docstring launches it, without one `hvdkit:` warning.
+
+A warning on a correct script teaches users to ignore hvdkit's warnings (issue 35: every torch run warned
+"0 parameter(s) got no gradient"). A new example fails here until it has a row below.
+"""
+
+import re
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, _tool, horovodrun_cmd, job_env, run_job
+
+pytestmark = pytest.mark.multiproc
+
+ELASTIC = ["-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", "lo",
+           "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh")]
+RUNS = {  # id: (example, its arguments, elastic launch)
+    "pytorch_mnist": ("pytorch_mnist.py", ["--epochs", "2"], False),
+    "pytorch_mnist-checkpoint": ("pytorch_mnist.py", ["--epochs", "1", "--checkpoint-dir", "{tmp}/ckpt/"], False),
+    "keras_mnist-tensorflow": ("keras_mnist.py", ["--backend", "tensorflow", "--epochs", "2"], False),
+    "keras_mnist-torch": ("keras_mnist.py", ["--backend", "torch", "--epochs", "2"], False),
+    "keras_mnist-tf_keras": ("keras_mnist.py", ["--backend", "tf_keras", "--epochs", "2"], False),
+    "pytorch_elastic": ("pytorch_elastic.py", ["--epochs", "1"], True),
+    "keras_elastic-tensorflow": ("keras_elastic.py", ["--backend", "tensorflow", "--epochs", "1"], True),
+}
+WARNING = re.compile(r"^.*\bhvdkit: .*$", re.MULTILINE)
+
+
+def test_every_example_has_a_run():
+    examples = {p.name for p in (ROOT / "examples").glob("*.py")}
+    assert examples == {example for example, _, _ in RUNS.values()}, "add a row to RUNS for each example"
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_example_runs_on_two_ranks_without_a_warning(tmp_path, run):
+    example, args, elastic = RUNS[run]
+    argv = [str(ROOT / "examples" / example), *(a.format(tmp=tmp_path) for a in args), "--json"]
+    if elastic:
+        hosts = tmp_path / "hosts"
+        hosts.write_text("localhost slots=2\n")
+        cmd = [_tool("horovodrun"), *ELASTIC, sys.executable, *argv]
+        proc = run_job(cmd, timeout=300, env=job_env(HVDKIT_ELASTIC_HOSTS=str(hosts)))
+    else:
+        proc = run_job(horovodrun_cmd(2, argv), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r'"size": 2\b', proc.stdout), f"no 2-rank result line:\n{proc.stdout[-2000:]}"
+    assert WARNING.findall(proc.stdout) == [], "\n".join(WARNING.findall(proc.stdout))
