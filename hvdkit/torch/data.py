@@ -207,7 +207,9 @@ def _unsharded_loader_fingerprint() -> str | None:
     """(dataset type, length, three samples' digest) of the loader iterated now, if it reads the whole dataset."""
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    iterators = [o for o in gc.get_objects() if isinstance(o, _BaseDataLoaderIter)]
+    # type(), not isinstance(): isinstance reads __class__, which some lazy objects answer with a
+    # warning (torch.distributed.reduce_op: a FutureWarning on every rank).
+    iterators = [o for o in gc.get_objects() if issubclass(type(o), _BaseDataLoaderIter)]
     whole = []
     for it in iterators:
         sampler = getattr(it._index_sampler, "sampler", it._index_sampler)   # a BatchSampler's own sampler
