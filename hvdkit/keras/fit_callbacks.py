@@ -30,6 +30,7 @@ from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
+from hvdkit.keras.nonfinite import nonfinite_loss_callback
 from hvdkit.keras.optimizer import broadcast_state, check_distributed, get_learning_rate, set_learning_rate
 from hvdkit.keras.stragglers import straggler_report
 
@@ -40,7 +41,8 @@ RANK0_ONLY = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore")
 
 def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps: int | None = None,
               broadcast: bool = True,
-              average_metrics: bool = True, root_rank: int = 0, preemption_checkpoint: str | None = None) -> list:
+              average_metrics: bool = True, root_rank: int = 0, preemption_checkpoint: str | None = None,
+              check_finite: bool = True) -> list:
     """The callback list for ``model.fit``: hvdkit's, then ``user_callbacks`` (file writers on rank 0 only).
 
     Warmup is given in epochs or in steps (batches), as for
@@ -52,6 +54,10 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     directory as ``ckpt-<global step>.npz``) and the processes exit with
     ``hvdkit.core.preemption.REQUEUE_EXIT_CODE``. That the path is writable is
     checked when ``fit`` starts, not when the signal comes.
+
+    ``check_finite``: after each batch the ranks compare their losses (one
+    small allreduce), and every rank raises ``NonFiniteGradientError`` naming
+    the rank whose loss went NaN or inf (:mod:`hvdkit.keras.nonfinite`).
     """
     ctx = current()
     classes = _callback_classes(ctx.backend)
@@ -69,6 +75,8 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     if warmup_epochs or warmup_steps:
         out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
     out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
+    if check_finite:
+        out.append(classes["StopOnNonFiniteLoss"]())  # one small allreduce a batch (hvdkit/keras/nonfinite.py)
     for cb in user_callbacks:
         if ctx.rank != root_rank and type(cb).__name__ in RANK0_ONLY:
             continue
@@ -87,7 +95,8 @@ def _callback_classes(mode: str) -> dict[str, type]:
                           "MetricAverage": _metric_average(keras, backend),
                           "LearningRateWarmup": _learning_rate_warmup(keras),
                           "PreemptionCheckpoint": _preemption_checkpoint(keras),
-                          "StragglerReport": straggler_report(keras, backend)}
+                          "StragglerReport": straggler_report(keras, backend),
+                          "StopOnNonFiniteLoss": nonfinite_loss_callback(keras, backend)}
     return _CLASSES[mode]
 
 

@@ -56,6 +56,18 @@ def test_nan_on_one_rank_stops_every_rank_naming_it(launch):
         assert r["steps"] == 2 and r["finite"], "the step must not be applied: the weights stay finite"
 
 
+@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
+def test_keras_nan_loss_on_one_rank_stops_every_rank_naming_it(launch, mode):
+    # Case 6 (Keras): rank 1's NaN batch made every rank's weights NaN; fit went on and the job exited 0.
+    r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", "nan_loss", timeout=180)
+    assert r0["size"] == r1["size"] == 2
+    for r in (r0, r1):
+        assert r["error"] and r["error"].startswith(
+            "NonFiniteGradientError: rank 1 computed a non-finite (NaN or inf) loss at epoch 1, batch 3"), r["error"]
+        # Every rank stops at the same batch end, before the script's own callback counts the third.
+        assert r["steps"] == 2
+
+
 @pytest.mark.parametrize("case,warned", [("plain_loader", True), ("sharded", False)])
 def test_an_unsharded_torch_loader_is_warned_about_once(launch, case, warned):
     # Case 4 (torch): a plain DataLoader trained every rank on all the data (no speed-up) without a word.

@@ -19,7 +19,7 @@ import hvdkit.keras as hk
 p = argparse.ArgumentParser()
 p.add_argument("--case", required=True, choices=["no_callbacks", "custom_loop", "string_optimizer",
                                                 "unsharded_shuffled", "sharded_shuffled", "unsharded_preshuffled",
-                                                "shuffle_then_shard"])
+                                                "shuffle_then_shard", "nan_loss"])
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)   # before init, which reads the backend
@@ -49,6 +49,8 @@ elif args.case == "shuffle_then_shard":      # as public examples do: numpy's gl
     x, y, ids = hk.shard_arrays(x[order], y[order], ids[order])
 elif args.case != "unsharded_shuffled":
     x, y = hk.shard_arrays(x, y)
+if args.case == "nan_loss" and ctx.rank == 1:
+    x[16:24] = np.nan                          # rank 1's third batch (fit does not shuffle in this case)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 optimizer = "adam" if args.case == "string_optimizer" else hk.DistributedOptimizer(keras.optimizers.SGD(0.1))
@@ -73,7 +75,7 @@ try:
     else:
         model.compile(optimizer=optimizer, loss=loss)
         cbs = [CountSteps()] if args.case == "no_callbacks" else hk.callbacks(CountSteps())
-        model.fit(x, y, batch_size=8, epochs=1, shuffle=True, verbose=0, callbacks=cbs)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=args.case != "nan_loss", verbose=0, callbacks=cbs)
 except Exception as exc:  # noqa: BLE001 - the test reads the type and message
     error = f"{type(exc).__name__}: {exc}"
 write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "error": error, "steps": len(steps),
