@@ -27,6 +27,10 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$)({_LABEL})(\.{_LABEL})*$")
 _IPV4 = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 LOCAL_NAMES = ("localhost", "127.0.0.1")
+# A slot is a process: one per GPU, or per core on CPU. The largest two-socket servers have 384 cores (768
+# threads), so more than this per host is a typo, refused before anything is laid out per slot (issue 35:
+# `hvdkit hosts -H localhost:100000000` built a 100-million-row rank table and grew past 1 GB).
+MAX_SLOTS_PER_HOST = 4096
 
 
 def is_this_machine(name: str) -> bool:
@@ -81,8 +85,7 @@ class _Builder:
     def add(self, name: str, slots: int, where: str) -> None:
         if not valid_hostname(name):
             raise HostSpecError(f"{where}: {name!r} {_why_invalid(name)}")
-        if slots < 1:
-            raise HostSpecError(f"{where}: host {name!r} has {slots} slots: give it at least 1 (its number of GPUs)")
+        check_slots(name, slots, where)
         if name in self.where:
             raise HostSpecError(f"{where}: host {name!r} is listed twice (first at {self.where[name]}): "
                                 "list each host once with its total slots")
@@ -93,6 +96,15 @@ class _Builder:
         if not self.hosts:
             raise HostSpecError(f"{self.source}: no hosts listed: add lines like 'server1 slots=4'")
         return HostSpec(tuple(self.hosts), self.source)
+
+
+def check_slots(name: str, slots: int, where: str) -> None:
+    """Raise unless ``slots`` is between 1 and :data:`MAX_SLOTS_PER_HOST`; ``where`` says where it was read."""
+    if slots < 1:
+        raise HostSpecError(f"{where}: host {name!r} has {slots} slots: give it at least 1 (its number of GPUs)")
+    if slots > MAX_SLOTS_PER_HOST:
+        raise HostSpecError(f"{where}: host {name!r} has {slots} slots, more than {MAX_SLOTS_PER_HOST}, which no "
+                            "machine runs (a slot is a process): give it its number of GPUs, or of cores on CPU")
 
 
 def _why_invalid(name: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import Host, HostSpec, valid_hostname
+from hvdkit.core.hosts import Host, HostSpec, check_slots, valid_hostname
 
 # The Slurm variables hvdkit reads (documented in sbatch(1) "OUTPUT ENVIRONMENT VARIABLES").
 JOB_ID = "SLURM_JOB_ID"
@@ -136,6 +136,8 @@ def allocation(env: Mapping[str, str]) -> SlurmAllocation:
                          "allocation; do not set them by hand")
     if len(set(names)) != len(names):
         raise SlurmError(f"{NODELIST}={env[NODELIST]!r} names a node twice")
+    for name, count in zip(names, counts):
+        check_slots(name, count, f"{TASKS_PER_NODE}={env[TASKS_PER_NODE]!r}")
     ntasks_text = env.get(NTASKS, "")
     ntasks = int(ntasks_text) if ntasks_text.isdigit() else sum(counts)
     return SlurmAllocation(job_id=env[JOB_ID], hosts=HostSpec(tuple(Host(n, c) for n, c in zip(names, counts)),

@@ -74,11 +74,14 @@ def discovery(text):
     (parse_hosts_string, "a:2,a:1", "listed twice"),
     (parse_hosts_string, "a:-1", "has -1 slots"),
     (parse_hosts_string, "a:x", "must be a whole number"),
+    # a typo'd slot count is refused before anything is laid out per slot (issue 35: 1e8 slots took > 1 GB)
+    (parse_hosts_string, "localhost:100000000", "host 'localhost' has 100000000 slots, more than 4096"),
     # an elastic job's discovery script prints the same host:slots items, one a line
     (discovery, "", "d.sh printed no hosts"),
     (discovery, "server1 slots=4\n", "output line 1 .* slots are missing: print host:slots"),
     (discovery, "server1:4\nserver1:2\n", "listed twice"),
     (discovery, "server1:x\n", "must be a whole number"),
+    (discovery, "server1:5000\n", "has 5000 slots, more than 4096"),
 ])
 def test_malformed_host_colon_slots_lists(parse, text, message):
     with pytest.raises(HostSpecError, match=message):
