@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
 from hvdkit.bench.report import plot_cost_model
+from hvdkit.core.argtypes import non_negative_float, positive_float
 from hvdkit.core.console import text_table
 from hvdkit.core.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 from hvdkit.core.errors import UserError
@@ -43,9 +44,10 @@ class CostModelConfig:
         gpus = tuple(sorted({int(g) for g in args.gpus.split(",") if g.strip()}))
         if not gpus or gpus[0] < 1:
             raise UserError(f"--gpus {args.gpus!r}: give worker counts of 1 or more, e.g. 1,8,16,512")
-        return cls(gpus=gpus, params=parse_count(args.params) if args.params else None,
+        # None means "not given" (then a default or --calibrate fills it); 0 is refused, never replaced.
+        return cls(gpus=gpus, params=parse_count(args.params) if args.params is not None else None,
                    bytes_per_param=args.bytes_per_param,
-                   compute_s=args.compute_ms / 1e3 if args.compute_ms else None, bandwidth=args.bandwidth,
+                   compute_s=args.compute_ms / 1e3 if args.compute_ms is not None else None, bandwidth=args.bandwidth,
                    latency=args.latency, overlap=args.overlap, calibrate=args.calibrate, impl=args.impl,
                    model=args.model, plot=args.plot, json=args.json)
 
@@ -56,11 +58,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "--calibrate fits it to hvdkit bench results.")
     p.add_argument("--params", default=None, help="model parameters, e.g. 25.6M (default: ResNet-50, "
                                                   f"{RESNET50_PARAMS:,})")
-    p.add_argument("--bytes-per-param", type=float, default=4, help="gradient bytes per parameter (4 fp32, 2 fp16)")
-    p.add_argument("--compute-ms", type=float, default=None, help="one worker's step without communication (ms)")
-    p.add_argument("--bandwidth", type=float, default=None, help="link bandwidth, GB/s per direction (12.5 = 100 Gb/s)")
-    p.add_argument("--latency", type=float, default=None, help="per-message latency, microseconds")
-    p.add_argument("--overlap", type=float, default=0.0, help="share of compute that hides communication, 0..1")
+    p.add_argument("--bytes-per-param", type=positive_float, default=4,
+                   help="gradient bytes per parameter (4 fp32, 2 fp16)")
+    p.add_argument("--compute-ms", type=positive_float, default=None,
+                   help="one worker's step without communication (ms)")
+    p.add_argument("--bandwidth", type=positive_float, default=None,
+                   help="link bandwidth, GB/s per direction (12.5 = 100 Gb/s)")
+    p.add_argument("--latency", type=non_negative_float, default=None, help="per-message latency, microseconds")
+    p.add_argument("--overlap", type=non_negative_float, default=0.0,
+                   help="share of compute that hides communication, 0..1")
     p.add_argument("--gpus", default="1,2,4,8,16,32,64,128,256,512", help="worker counts to predict")
     p.add_argument("--calibrate", metavar="DIR", help="hvdkit bench --out directory: fit bandwidth/latency to "
                                                       "allreduce.json, take compute from train.json")
@@ -74,12 +80,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(config: CostModelConfig) -> int:
     notes, check = [], None
-    params = config.params or RESNET50_PARAMS
+    params = RESNET50_PARAMS if config.params is None else config.params
     compute_s = config.compute_s
     if config.calibrate:
         net, params, compute_s, check = _calibrate(config, compute_s, notes)
     else:
-        net = Network((config.bandwidth or 12.5) * 1e9, (10.0 if config.latency is None else config.latency) * 1e-6)
+        net = Network((12.5 if config.bandwidth is None else config.bandwidth) * 1e9,
+                      (10.0 if config.latency is None else config.latency) * 1e-6)
     if compute_s is None:
         raise UserError("no compute time: give --compute-ms (one worker's step without communication), "
                         "or --calibrate a directory that has train.json from hvdkit bench train")
@@ -106,7 +113,7 @@ def _calibrate(config: CostModelConfig, compute_s: float | None,
 
     Returns (network, params, compute seconds, check or None); appends what it took from where to ``notes``.
     """
-    check, params = None, config.params or RESNET50_PARAMS
+    check, params = None, RESNET50_PARAMS if config.params is None else config.params
     net, fitted_np = calibrate_network(config.calibrate, config.impl)
     notes.append(f"bandwidth and latency fitted to {config.impl}'s allreduce sweep on {fitted_np} processes")
     row = train_compute(config.calibrate, config.impl, config.model)
@@ -123,7 +130,7 @@ def _calibrate(config: CostModelConfig, compute_s: float | None,
         check = {"np": row["np"], "model": config.model, "measured_step_ms": row["step_ms"],
                  "predicted_step_ms": predicted * 1e3,
                  "error": predicted * 1e3 / row["step_ms"] - 1, "measured_allreduce_ms": measured_comm * 1e3}
-    if config.bandwidth:
+    if config.bandwidth is not None:
         net = Network(config.bandwidth * 1e9, net.latency)
     if config.latency is not None:
         net = Network(net.bandwidth, config.latency * 1e-6)

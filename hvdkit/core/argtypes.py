@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def _number(kind, text: str):
@@ -29,15 +30,23 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def _finite(text: str, rule: str) -> float:
+    # float() takes "nan" and "inf"; neither is a time, a rate or a size.
     value = _number(float, text)
-    if not value > 0:   # also rejects nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a finite number{rule}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _finite(text, " above 0")
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} is not allowed: give a number above 0")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = _number(float, text)
+    value = _finite(text, ", 0 or more")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} is not allowed: give 0 or more")
     return value

@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from hvdkit.core.errors import UserError
@@ -46,11 +47,12 @@ class Network:
     latency: float    # seconds per message
 
     def __post_init__(self):
-        if self.bandwidth <= 0:
-            raise UserError(f"bandwidth {self.bandwidth:g} B/s must be positive: "
+        if not 0 < self.bandwidth < math.inf:        # written so that nan fails too
+            raise UserError(f"bandwidth {self.bandwidth:g} B/s must be positive and finite: "
                             "e.g. --bandwidth 12.5 (GB/s, 100 Gb/s)")
-        if self.latency < 0:
-            raise UserError(f"latency {self.latency:g} s must not be negative: e.g. --latency 10 (microseconds)")
+        if not 0 <= self.latency < math.inf:
+            raise UserError(f"latency {self.latency:g} s must be 0 or more and finite: "
+                            "e.g. --latency 10 (microseconds)")
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,9 @@ class Workload:
     overlap: float = 0.0
 
     def __post_init__(self):
-        if self.grad_bytes <= 0 or self.compute_s <= 0:
-            raise UserError("gradient bytes and compute time must be positive: give --params and --compute-ms, "
-                            "or --calibrate a bench directory")
+        if not (0 < self.grad_bytes < math.inf and 0 < self.compute_s < math.inf):   # nan fails too
+            raise UserError(f"gradient bytes ({self.grad_bytes:g}) and compute time ({self.compute_s:g} s) must be "
+                            "positive and finite: give --params and --compute-ms, or --calibrate a bench directory")
         if not 0 <= self.overlap <= 1:
             raise UserError(f"overlap {self.overlap:g} must lie in 0..1 "
                             "(the share of compute that hides communication)")

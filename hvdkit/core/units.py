@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 
 from hvdkit.core.errors import UserError
@@ -48,9 +49,13 @@ def parse_count(text: str) -> float:
     t = text.strip().upper()
     unit = t[-1] if t and t[-1] in "KMBG" else ""
     try:
-        return float(t[:-1] if unit else t) * _COUNT_UNITS[unit]
+        value = float(t[:-1] if unit else t) * _COUNT_UNITS[unit]
     except ValueError:
         raise UserError(f"parameter count {text!r} is not understood: write e.g. 25.6M or 1.5B") from None
+    if not 0 < value < math.inf:     # nan fails too
+        raise UserError(f"parameter count {text!r} is not above 0 and finite: write the model's count, "
+                        "e.g. 25.6M (ResNet-50) or 1.5B")
+    return value
 
 
 def format_bytes(n: float) -> str:

@@ -4,6 +4,7 @@ import pytest
 
 from hvdkit.core.costmodel import Network, Workload, fit_network, parameter_server_s, predict, ring_allreduce_s
 from hvdkit.core.errors import UserError
+from hvdkit.core.units import parse_count
 
 pytestmark = pytest.mark.unit
 NET = Network(bandwidth=10e9, latency=5e-6)
@@ -54,3 +55,18 @@ def test_bad_inputs_name_the_fix():
         Network(bandwidth=0, latency=0)
     with pytest.raises(UserError, match="0..1"):
         Workload(grad_bytes=1, compute_s=1, overlap=2)
+
+
+@pytest.mark.parametrize("make, fix", [
+    (lambda: Network(bandwidth=float("nan"), latency=0), "--bandwidth"),
+    (lambda: Network(bandwidth=float("inf"), latency=0), "--bandwidth"),
+    (lambda: Network(bandwidth=1e9, latency=float("nan")), "--latency"),
+    (lambda: Workload(grad_bytes=1, compute_s=float("nan")), "--compute-ms"),
+    (lambda: Workload(grad_bytes=float("inf"), compute_s=1), "--params"),
+    (lambda: parse_count("0"), "parameter count '0' is not above 0"),
+    (lambda: parse_count("nan"), "parameter count 'nan' is not"),
+])
+def test_nan_inf_and_zero_are_refused_not_replaced(make, fix):
+    """Issue 35: --params 0 became ResNet-50's count and nan went through to the table."""
+    with pytest.raises(UserError, match=fix):
+        make()
