@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 
 import hvdkit
+from hvdkit.core.tuning import horovod_setting_errors
 
 # Report name -> distributions that provide it (first installed one wins).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -70,6 +71,8 @@ class EnvReport:
     hostname: str = ""
     cpu_count: int = 0
     interfaces: dict[str, list[str]] = field(default_factory=dict)
+    horovod_settings: dict[str, str] = field(default_factory=dict)   # every HOROVOD_* set here
+    setting_errors: dict[str, str] = field(default_factory=dict)     # those Horovod would misread: name -> why
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -183,9 +186,21 @@ def ipv4_interfaces() -> dict[str, list[str]]:
             if any(a.family == socket.AF_INET for a in addrs)}
 
 
+def horovod_settings(environ=os.environ) -> tuple[dict[str, str], dict[str, str]]:
+    """The HOROVOD_* variables set in ``environ``, and those Horovod would misread (name -> the line
+    ``hvdkit launch`` stops with)::
+
+        horovod_settings({"HOROVOD_CYCLE_TIME": "abc", "PATH": "/bin"})
+        # ({'HOROVOD_CYCLE_TIME': 'abc'}, {'HOROVOD_CYCLE_TIME': "HOROVOD_CYCLE_TIME='abc' is not a number >= 0 ..."})
+    """
+    settings = {name: value for name, value in sorted(environ.items()) if name.startswith("HOROVOD_")}
+    return settings, horovod_setting_errors(environ)
+
+
 def collect() -> EnvReport:
     """Gather the report for this interpreter (takes a few seconds: it imports Horovod in a subprocess)."""
     build, error = probe_horovod()
+    settings, setting_errors = horovod_settings()
     return EnvReport(
         hvdkit=hvdkit.__version__,
         python=platform.python_version(),
@@ -200,6 +215,8 @@ def collect() -> EnvReport:
         hostname=platform.node(),
         cpu_count=os.cpu_count() or 0,
         interfaces=ipv4_interfaces(),
+        horovod_settings=settings,
+        setting_errors=setting_errors,
     )
 
 
@@ -221,6 +238,9 @@ def render_text(report: EnvReport) -> str:
     lines.append(f"GPUs        {', '.join(report.gpus) if report.gpus else 'none visible'}")
     lines.append(f"host        {report.hostname}, {report.cpu_count} CPU cores, interfaces "
                  + ", ".join(f"{n} ({', '.join(a)})" for n, a in report.interfaces.items()))
+    for i, (name, value) in enumerate(report.horovod_settings.items() or [("", "none set")]):
+        mark = "  INVALID (hvdkit launch refuses it)" if name in report.setting_errors else ""
+        lines.append(f"{'HOROVOD_*' if i == 0 else '':<11} {name + '=' if name else ''}{value}{mark}")
     hb = report.horovod
     if hb is None:
         lines.append(f"horovod     NOT USABLE: {report.horovod_error}")

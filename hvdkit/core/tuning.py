@@ -112,6 +112,20 @@ def check_horovod_environment(environ=os.environ) -> None:
     An empty value counts as unset; numbers are accepted as Horovod reads them
     (``1e-3`` ms for the cycle time, ``16777216.0`` bytes from a YAML config).
     """
+    errors = horovod_setting_errors(environ)
+    if errors:
+        raise UserError(next(iter(errors.values())))
+
+
+def horovod_setting_errors(environ=os.environ) -> dict[str, str]:
+    """Every Horovod setting Horovod would misread, name -> the line :func:`check_horovod_environment` raises.
+
+    ``hvdkit env`` shows them all; ``hvdkit launch`` and ``init()`` stop at the first::
+
+        horovod_setting_errors({"HOROVOD_FUSION_THRESHOLD": "lots"})
+        # {'HOROVOD_FUSION_THRESHOLD': "HOROVOD_FUSION_THRESHOLD='lots' is not a whole number >= 0 (...)..."}
+    """
+    errors = {}
     for name, (meaning, example) in NUMBER_SETTINGS.items():
         value = (environ.get(name) or "").strip()
         if not value:
@@ -124,18 +138,19 @@ def check_horovod_environment(environ=os.environ) -> None:
             except ValueError:
                 ok, kind = False, "a number"
         if not ok:
-            raise UserError(f"{name}={value!r} is not {kind} >= 0 ({meaning}); Horovod would read it as 0: "
+            errors[name] = (f"{name}={value!r} is not {kind} >= 0 ({meaning}); Horovod would read it as 0: "
                             f"set e.g. {name}={example}, or unset it")
     for name in FLAG_SETTINGS:
         value = (environ.get(name) or "").strip()
         if value and not value.isdigit():
-            raise UserError(f"{name}={value!r} is not 0 or 1 (Horovod reads only the leading digits, so "
+            errors[name] = (f"{name}={value!r} is not 0 or 1 (Horovod reads only the leading digits, so "
                             f"'true' means off): set {name}=1 or {name}=0")
     for name, allowed in CHOICE_SETTINGS.items():
         value = environ.get(name)
         if value is not None and value.lower() not in allowed:   # Horovod compares exactly (strcasecmp)
-            raise UserError(f"{name}={value!r} is not one of {', '.join(allowed)} (Horovod would stop in "
+            errors[name] = (f"{name}={value!r} is not one of {', '.join(allowed)} (Horovod would stop in "
                             f"hvd.init() with 'Unsupported ... type'): set {name}={allowed[1]}, or unset it")
+    return errors
 
 
 CPU_FUSION_THRESHOLD = 1 << 20

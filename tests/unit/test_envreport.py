@@ -56,3 +56,24 @@ def test_render_text_lists_the_gpu_generations_the_library_was_built_for():
         horovod_error=None, mpi="mpirun (Open MPI) 4.1.4", gpus=[])
     assert "CUDA kernels for   sm_75 sm_80 sm_90 sm_100 sm_120 (+ PTX compute_120)" in envreport.render_text(report)
     assert report.to_dict()["horovod"]["cuda_arches"]["sass"][0] == 75
+
+
+def test_horovod_settings_are_shown_and_a_misread_one_is_marked_with_launchs_words():
+    """Issue 35: HOROVOD_FUSION_THRESHOLD=lots was missing from `hvdkit env` while `hvdkit launch` refused it."""
+    from hvdkit.core.errors import UserError
+    from hvdkit.core.tuning import check_horovod_environment
+
+    environ = {"HOROVOD_FUSION_THRESHOLD": "lots", "HOROVOD_CYCLE_TIME": "0.1", "PATH": "/bin"}
+    settings, errors = envreport.horovod_settings(environ)
+    assert settings == {"HOROVOD_CYCLE_TIME": "0.1", "HOROVOD_FUSION_THRESHOLD": "lots"}
+    with pytest.raises(UserError) as launch_refusal:
+        check_horovod_environment(environ)
+    assert list(errors.values()) == [str(launch_refusal.value)]
+    report = envreport.EnvReport(
+        hvdkit="0.1.0", python="3.11.7", python_executable="/x/python", platform="Linux", packages={},
+        torch_cuda=None, horovod=None, horovod_error="not installed", mpi=None, gpus=[],
+        horovod_settings=settings, setting_errors=errors)
+    text = envreport.render_text(report)
+    assert "HOROVOD_CYCLE_TIME=0.1\n" in text
+    assert "HOROVOD_FUSION_THRESHOLD=lots  INVALID (hvdkit launch refuses it)" in text
+    assert report.to_dict()["setting_errors"] == errors
