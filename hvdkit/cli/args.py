@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from hvdkit.core import slurm
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, parse_hostfile, parse_hosts_string
+from hvdkit.core.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string
 from hvdkit.core.launch import LaunchTarget
 
 
@@ -57,8 +57,10 @@ def hosts_given(args: argparse.Namespace) -> bool:
     return bool(args.hosts or args.hostfile or args.slurm)
 
 
-def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> HostSpec:
-    """The hosts -H, --hostfile or --slurm name; inside a Slurm allocation, its hosts when none is given."""
+def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None,
+                   local_slots: int | None = None) -> HostSpec:
+    """The hosts -H, --hostfile or --slurm name; inside a Slurm allocation, its hosts when none is given;
+    outside one, ``local_slots`` on this machine when given (launch passes -np, as ``horovodrun -np 2`` runs)."""
     env = os.environ if env is None else env
     if args.hostfile:
         return parse_hostfile(args.hostfile)
@@ -66,6 +68,12 @@ def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = Non
         return parse_hosts_string(args.hosts)
     if args.slurm or slurm.in_allocation(env):
         return slurm.allocation(env).hosts
+    if local_slots is not None:
+        if local_slots > MAX_SLOTS_PER_HOST:
+            raise UserError(f"-np {local_slots} with no hosts given would start {local_slots} processes on this "
+                            f"machine, more than the {MAX_SLOTS_PER_HOST} slots hvdkit allows a host: lower -np, "
+                            "or list the hosts with -H host1:N,host2:N")
+        return HostSpec((Host("localhost", local_slots),))
     raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE (or run inside a Slurm allocation)")
 
 

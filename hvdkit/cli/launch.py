@@ -15,27 +15,38 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
+
+import psutil
 
 from hvdkit.cli.args import (
     add_host_arguments,
     add_np_argument,
     add_ssh_arguments,
     default_np,
+    hosts_given,
     spec_from_args,
     target_from_args,
 )
+from hvdkit.core import slurm
 from hvdkit.core.argtypes import positive_int
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, RankPlacement
+from hvdkit.core.hosts import HostSpec, RankPlacement, to_hosts_string
 from hvdkit.core.launch import (
     BuildFlags,
     LaunchConfig,
     check_command,
+    check_timeline,
     explain_failure,
+    explain_worker_exit,
+    is_rank_output,
     one_host_elastic_risk,
     plan_launch,
+    removed_worker,
+    worker_exit,
+    worker_slot,
 )
 from hvdkit.core.remote import discover_hosts, quick_check
 from hvdkit.core.tuning import check_horovod_environment
@@ -46,31 +57,41 @@ class LaunchCommandConfig:
     launch: LaunchConfig
     dry_run: bool = False
     check_hosts: bool = True            # ssh and hvdkit version on every host first
+    hosts_chosen: str | None = None     # the hosts hvdkit picked when none were given, for the plan line
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LaunchCommandConfig:
         cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
         check_command(cmd)
         check_horovod_environment()
-        hosts = _hosts(args)
-        if args.np is None and hosts.source != "slurm":
+        named = hosts_given(args) or args.host_discovery_script
+        from_slurm = args.slurm or (not named and slurm.in_allocation(os.environ))
+        if args.np is None and not from_slurm:
             raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
+        hosts = _hosts(args)
+        chosen = (None if named or from_slurm
+                  else f"{to_hosts_string(hosts)}, this machine: no -H, --hostfile or Slurm allocation given")
         target = target_from_args(args, default_np(args.np, hosts), hosts)
+        timeline = os.path.abspath(args.timeline) if args.timeline else None
+        if timeline:
+            check_timeline(timeline, hosts)
         launch = target.launch_config(cmd, args.controller, min_np=args.min_np, max_np=args.max_np,
                                       discovery_script=args.host_discovery_script,
                                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit,
-                                      slots=args.slots,
-                                      timeline=os.path.abspath(args.timeline) if args.timeline else None)
-        return cls(launch=launch, dry_run=args.dry_run, check_hosts=not args.no_check)
+                                      slots=args.slots, timeline=timeline)
+        return cls(launch=launch, dry_run=args.dry_run, check_hosts=not args.no_check, hosts_chosen=chosen)
 
 
 def _hosts(args: argparse.Namespace) -> HostSpec:
-    """The host list, or what the discovery script prints now (run once here, as horovodrun will run it)."""
+    """The host list, or what the discovery script prints now (run once here, as horovodrun will run it).
+
+    With no hosts and no Slurm allocation, -np slots on this machine, as ``horovodrun -np 2`` runs.
+    """
     script = args.host_discovery_script
     if args.slots is not None and not script:
         raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
                         "--hostfile or --slurm the slots are in the host list")
-    return discover_hosts(script, args.slots) if script else spec_from_args(args)
+    return discover_hosts(script, args.slots) if script else spec_from_args(args, local_slots=args.np)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -114,10 +135,12 @@ def run(config: LaunchCommandConfig) -> int:
     if config.check_hosts and not config.dry_run:
         quick_check(cfg.hosts.names, cfg.ssh_port, cfg.ssh_identity_file)
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
+    if config.hosts_chosen:
+        print(f"  (hosts: {config.hosts_chosen})", flush=True)
     _warn(cfg)
     if config.dry_run:
         return 0
-    return supervise(plan.argv, plan.layout)
+    return supervise(plan.argv, plan.layout, elastic=cfg.elastic)
 
 
 def _warn(cfg: LaunchConfig) -> None:
@@ -132,7 +155,7 @@ def _warn(cfg: LaunchConfig) -> None:
         print(f"hvdkit launch: warning: {risk}", file=sys.stderr, flush=True)
 
 
-def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...]) -> int:
+def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic: bool = False) -> int:
     """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
 
     horovodrun runs in a process group of its own, and SIGINT, SIGTERM and
@@ -141,24 +164,42 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...]) -> int:
     ``sh -c mpirun ...``, and a signal to the shell alone left mpirun running.
     If hvdkit itself dies, even by SIGKILL, a small guard process sends the
     group SIGTERM. The exit code is horovodrun's (128 + N when a signal N ended it).
+
+    A Ctrl-C (SIGINT) is the user stopping the job, not a failure: the ranks'
+    own output still passes, horovodrun's report of the ranks its SIGTERM
+    stopped is held back, one line says so, and the exit code is 130 as
+    shells expect. In an elastic job, a worker that ends is named with its
+    host: horovodrun's own line gives only the rank it started as.
     """
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                             start_new_session=True)
     guard = _guard_group(proc.pid)
     tail: deque[str] = deque(maxlen=500)
+    interrupted = threading.Event()
+    slots: dict[int, tuple[str, int]] = {}      # elastic: rank a worker started as -> (host, local rank)
+    removed: set[int] = set()                   # elastic: those whose slot left the discovered hosts
 
     def pump(source, sink):
         for line in source:
+            if interrupted.is_set() and not is_rank_output(line):
+                continue
             sink.write(line)
             sink.flush()
             tail.append(line)
+            if elastic:
+                _name_worker(line, slots, removed)
 
     readers = [threading.Thread(target=pump, args=(proc.stdout, sys.stdout), daemon=True),
                threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)]
     for reader in readers:
         reader.start()
+    if elastic:
+        threading.Thread(target=_watch_workers, args=(proc, slots), daemon=True).start()
+
     def forward(number, _frame):
         if proc.poll() is None:
+            if number == signal.SIGINT:
+                interrupted.set()
             try:
                 os.killpg(proc.pid, number)
             except ProcessLookupError:
@@ -170,11 +211,44 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...]) -> int:
     guard.stdin.close()          # the job is over: the guard has nothing left to stop
     for reader in readers:
         reader.join(timeout=5)
+    if interrupted.is_set():
+        stopped = "the elastic job's workers" if elastic else f"{len(layout)} {'rank' if len(layout) == 1 else 'ranks'}"
+        print(f"hvdkit launch: interrupted (Ctrl-C): stopped {stopped}", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     if rc != 0:
         why = explain_failure("".join(tail), layout)
         print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'} "
               "(its own output is above)", file=sys.stderr, flush=True)
     return rc if rc >= 0 else 128 - rc
+
+
+def _name_worker(line: str, slots: dict[int, tuple[str, int]], removed: set[int]) -> None:
+    """In an elastic job, follow horovodrun's "Process N exit ..." with a line naming the worker's host."""
+    rank = removed_worker(line)
+    if rank is not None:
+        removed.add(rank)
+    ended = worker_exit(line)
+    if ended:
+        print(f"hvdkit launch: {explain_worker_exit(*ended, slots, removed)}", file=sys.stderr, flush=True)
+        removed.discard(ended[0])         # a later worker may start as the same rank
+
+
+def _watch_workers(proc: subprocess.Popen, slots: dict[int, tuple[str, int]], every_s: float = 0.5) -> None:
+    """While an elastic job runs, note each worker's host and local rank by the rank it started as, read from
+    the command lines of horovodrun's child processes (there is no other record of it outside the workers)."""
+    try:
+        parent = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            for child in parent.children(recursive=True):
+                try:
+                    slot = worker_slot(" ".join(child.cmdline()))
+                except psutil.Error:      # ended since it was listed
+                    continue
+                if slot is not None:
+                    slots[slot[0]] = slot[1:]
+            time.sleep(every_s)
+    except psutil.Error:                  # horovodrun has ended
+        return
 
 
 # Waits for EOF on stdin (this hvdkit process ended, however it ended), then sends SIGTERM to the job's

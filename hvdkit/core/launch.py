@@ -17,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hvdkit.core.checkpoint_files import writable_free_bytes
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, RankPlacement, rank_layout, to_hosts_string
+from hvdkit.core.hosts import HostSpec, RankPlacement, is_this_machine, rank_layout, to_hosts_string
 from hvdkit.core.remote import horovodrun_path
 
 CONTROLLERS = ("auto", "mpi", "gloo")
@@ -138,6 +139,33 @@ def check_command(command: tuple[str, ...], exists=os.path.exists) -> None:
         if arg.endswith(".py") and not exists(arg):
             raise UserError(f"script {arg!r} does not exist: check the path (it is resolved on every host "
                             "from the directory you launch in)")
+
+
+def check_timeline(path: str, hosts: HostSpec | None) -> None:
+    """Stop before launching when rank 0 cannot write Horovod's timeline at ``path`` (an absolute path).
+
+    Horovod creates no directory, and when rank 0 cannot open the file it logs
+    one error among the ranks' output and trains on: the job exits 0 with no
+    timeline. Checked where rank 0 runs on this machine (the first host);
+    another host's file system is not visible from here::
+
+        check_timeline("/tmp/runs/tl.json", parse_hosts_string("localhost:2"))   # UserError: mkdir -p /tmp/runs
+    """
+    if hosts is None or not is_this_machine(hosts.hosts[0].name):
+        return
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise UserError(f"--timeline {path!r} is a directory: give a file name, e.g. {path}/timeline.json")
+    if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            raise UserError(f"--timeline {path!r}: {directory!r} is not a directory: choose a file in a directory")
+        raise UserError(f"--timeline {path!r}: directory {directory!r} does not exist and Horovod does not create "
+                        f"it: mkdir -p {directory}, or choose another path")
+    try:
+        writable_free_bytes(directory)
+    except OSError as exc:
+        raise UserError(f"--timeline {path!r}: cannot write in {directory!r}: {exc.strerror or exc} (errno "
+                        f"{exc.errno}): choose a directory you can write to") from None
 
 
 def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
@@ -271,6 +299,69 @@ def _cause(code: int) -> str:
 
 # horovodrun tags each line of a rank's output: Gloo "[1]<stderr>:", MPI (--tag-output) "[1,1]<stderr>:".
 _TAGGED = re.compile(r"^(?:\w{3} \w{3} +\d+ [\d:]+ \d{4})?\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.M)
+
+
+def is_rank_output(line: str) -> bool:
+    """Whether ``line`` is a rank's own output as horovodrun tags it, not horovodrun's or mpirun's."""
+    return _TAGGED.match(line) is not None
+
+
+# horovodrun starts each elastic worker as "sh -c 'env HOROVOD_HOSTNAME=h HOROVOD_RANK=r ... HOROVOD_LOCAL_RANK=l
+# ... python train.py'" (through ssh for another host); the lookbehind keeps HOROVOD_CROSS_RANK out.
+_SLOT_VALUE = {key: re.compile(rf"(?<!\w){key}=([\w.-]+)") for key in
+               ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK")}
+# All horovodrun says when an elastic worker ends: the rank it started with, and its exit status.
+_WORKER_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
+
+
+def worker_slot(cmdline: str) -> tuple[int, str, int] | None:
+    """(rank it started as, host, local rank) of the worker a horovodrun child process runs, from its command
+    line; None for any other process::
+
+        worker_slot("/bin/sh -c env HOROVOD_HOSTNAME=b HOROVOD_RANK=3 HOROVOD_LOCAL_RANK=1 python t.py")   # (3, 'b', 1)
+    """
+    found = {key: pattern.search(cmdline) for key, pattern in _SLOT_VALUE.items()}
+    if not all(found.values()) or not (found["HOROVOD_RANK"].group(1).isdigit()
+                                       and found["HOROVOD_LOCAL_RANK"].group(1).isdigit()):
+        return None
+    return (int(found["HOROVOD_RANK"].group(1)), found["HOROVOD_HOSTNAME"].group(1),
+            int(found["HOROVOD_LOCAL_RANK"].group(1)))
+
+
+def removed_worker(line: str) -> int | None:
+    """The rank (as it started) of a worker whose output says the discovery script's new host list left its
+    slot out; Horovod ends it with exit status 1 and "Process N exit with status code 1." like a failure."""
+    match = _TAGGED.match(line)
+    return int(match.group(1)) if match and "has been removed from elastic job" in match.group(2) else None
+
+
+def worker_exit(line: str) -> tuple[int, int] | None:
+    """(rank it started as, exit status) from horovodrun's "Process 1 exit with status code 137." line."""
+    match = _WORKER_EXIT.match(line.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]], removed: set[int]) -> str:
+    """The line naming an elastic worker that ended (horovodrun names only the rank it started as).
+
+    ``slots`` maps the rank a worker started as to (host, local rank), from
+    :func:`worker_slot`; ``removed`` holds the ranks :func:`removed_worker` saw
+    leave because their slot left the host list::
+
+        explain_worker_exit(1, 137, {1: ("hostb", 0)}, set())
+        # 'worker lost: rank 1 on hostb, local rank 0: killed by SIGKILL; Horovod drops its host and ...'
+    """
+    if rank in slots:
+        host, local_rank = slots[rank]
+        where = f"rank {rank} on {host}, local rank {local_rank}"
+    else:
+        where = f"rank {rank} (its host is unknown: it ended before hvdkit launch saw it start)"
+    if rank in removed:
+        return f"worker left: {where}: its slot is no longer in the discovered hosts ({_cause(code)})"
+    return (f"worker lost: {where}: {_cause(code)}; Horovod drops its host and the job goes on while --min-np "
+            "workers remain")
+
+
 # An exception line of a Python traceback: "hvdkit.core.checkpoint_files.CheckpointError: cannot write ...", or the
 # bare name at the end of the line. A script's own "error: ..." line (SystemExit with a message, as hvdkit's
 # examples end) counts the same.

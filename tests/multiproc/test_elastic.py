@@ -82,11 +82,15 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
                    if _process_info(p)[0][:2] == [sys.executable, script]]
         victims = [p for p in workers if _process_info(p)[1].get("HOROVOD_HOSTNAME") == "127.0.0.1"]
         assert len(workers) == 2 and len(victims) == 1, [_process_info(p) for p in workers]
+        started_as = _process_info(victims[0])[1]["HOROVOD_RANK"]     # Horovod's order of the two names varies
         victims[0].kill()
         assert job.finish(timeout=300) == 0, job.output[-4000:]
     finally:
         job.kill()
     assert "--network-interface lo" in job.output and "warning" not in job.output
+    # issue 35: horovodrun says only "Process 1 exit with status code 137."; hvdkit launch names the worker
+    named = rf"^hvdkit launch: worker lost: rank {started_as} on 127\.0\.0\.1, local rank 0: killed by SIGKILL"
+    assert re.search(named, job.output, re.M), job.output[-4000:]
     assert job.commits[-1].size == 1 and any(c.size == 2 for c in job.commits)
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
     check_continuous(job.commits, result["steps"])

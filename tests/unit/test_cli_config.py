@@ -78,6 +78,21 @@ def test_bad_arguments_stop_in_from_args(argv, message):
         config(*argv)
 
 
+def test_launch_without_hosts_runs_here_unless_slurm_allocated_some(monkeypatch):
+    """Issue 35: `hvdkit launch -np 2 -- python train.py` refused without -H where horovodrun -np 2 runs here."""
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = config("launch", "-np", "2", "--", "python", EXAMPLE)
+    assert cfg.launch.hosts == parse_hosts_string("localhost:2") and cfg.launch.np == 2
+    assert cfg.hosts_chosen == "localhost:2, this machine: no -H, --hostfile or Slurm allocation given"
+    assert config("launch", "-np", "2", "-H", "a:2", "--", "python", EXAMPLE).hosts_chosen is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
+    slurm = config("launch", "-np", "3", "--", "python", EXAMPLE)
+    assert slurm.launch.hosts.names == ["n1", "n2"] and slurm.launch.hosts.source == "slurm"
+
+
 def test_hosts_and_bench_configs():
     hosts = config("hosts", "-H", "a:2,b:2")
     assert hosts == HostsConfig(hosts=parse_hosts_string("a:2,b:2"), np=4)

@@ -177,3 +177,42 @@ def test_timeline_is_recorded_without_the_response_cache(elastic):
     assert plan.argv[-4:] == ("--cache-capacity", "0", "python", "train.py")
     assert plan.argv[-6:-4] == ("--timeline-filename", "/runs/tl.json")
     assert "--timeline-filename" not in plan_launch(cfg(), BOTH).argv
+
+
+def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_with():
+    """Issue 35: horovodrun says only "Process 1 exit with status code 137." when an elastic worker is lost."""
+    from hvdkit.core.launch import explain_worker_exit, removed_worker, worker_exit, worker_slot
+
+    local = ("/bin/sh -c env HOROVOD_HOSTNAME=127.0.0.1 HOROVOD_RANK=1 HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=0 "
+             "HOROVOD_CROSS_RANK=0 PATH=/bin python train.py")
+    remote = ("ssh -o PasswordAuthentication=no hostb 'cd /work > /dev/null 2>&1 ; env HOROVOD_HOSTNAME=hostb "
+              "HOROVOD_RANK=3 HOROVOD_SIZE=4 HOROVOD_LOCAL_RANK=1 HOROVOD_CROSS_RANK=1 python train.py'")
+    assert worker_slot(local) == (1, "127.0.0.1", 0) and worker_slot(remote) == (3, "hostb", 1)
+    assert worker_slot("python -m hvdkit hosts --hostfile h --to discovery") is None
+    assert worker_exit("Process 1 exit with status code 137.\n") == (1, 137)
+    assert worker_exit("[1]<stderr>:Process 1 exit with status code 1.") is None
+    slots = {1: ("127.0.0.1", 0)}
+    assert explain_worker_exit(1, 137, slots, set()).startswith(
+        "worker lost: rank 1 on 127.0.0.1, local rank 0: killed by SIGKILL; Horovod drops its host")
+    assert "rank 2 (its host is unknown" in explain_worker_exit(2, 1, slots, set())
+    # a slot the discovery script no longer lists: Horovod ends its worker with status 1, which is no failure
+    gone = removed_worker("[1]<stderr>:[...] rendezvous failed: localhost[1] has been removed from elastic job")
+    assert gone == 1 and removed_worker("Process 1 exit with status code 1.") is None
+    assert explain_worker_exit(1, 1, slots, {gone}) == (
+        "worker left: rank 1 on 127.0.0.1, local rank 0: its slot is no longer in the discovered hosts (exit status 1)")
+
+
+def test_the_timeline_directory_is_checked_where_rank_0_runs_here(tmp_path):
+    from hvdkit.core.launch import check_timeline
+
+    here, there = parse_hosts_string("localhost:2"), parse_hosts_string("hostb:2,localhost:2")
+    check_timeline(str(tmp_path / "tl.json"), here)
+    check_timeline("/no/such/dir/tl.json", there)            # rank 0 on another host: its file system
+    (tmp_path / "file").write_text("")
+    for path, message in [(tmp_path / "missing" / "tl.json", "missing' does not exist and Horovod does not create "
+                                                             f"it: mkdir -p {tmp_path / 'missing'}"),
+                          (tmp_path / "file" / "tl.json", "file' is not a directory"),
+                          (tmp_path, "is a directory: give a file name")]:
+        with pytest.raises(UserError, match=message.replace("(", r"\(")):
+            check_timeline(str(path), here)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]     # nothing made, the probe removed
