@@ -56,7 +56,7 @@ def main():
     except DatasetError as exc:
         raise SystemExit(f"error: {exc}") from None
     keras = hk.use_backend(args.backend)  # Keras reads its backend once, at import: choose it first
-    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
+    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, one seed for all
     x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
 
     model = build_model(keras)

@@ -4,6 +4,7 @@ no traceback, and nothing damaged (inputs and checkpoints byte-identical afterwa
 from __future__ import annotations
 
 import hashlib
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,25 @@ CASES = [
                                     "--", "python", EXAMPLE], ["--min-np 3 must be between 1 and -np 2"]),
     ("elastic job with --mpi", ["hvdkit", "launch", "-np", "2", "--max-np", "4", "--mpi", "-H", "a:2,b:2",
                                 "--", "python", EXAMPLE], ["elastic jobs run on Gloo", "drop --mpi"]),
+    # issue 35, case 7: bad input to the commands
+    ("slot count no machine runs", ["hvdkit", "hosts", "-H", "localhost:100000000"],
+     ["host 'localhost' has 100000000 slots, more than 4096", "give it its number of GPUs"]),
+    ("timeline in a missing directory", ["hvdkit", "launch", "-np", "2", "-H", "localhost:2", "--timeline",
+                                         "{tmp}/no-such-dir/t.json", "--", "python", EXAMPLE, "--epochs", "1"],
+     ["--timeline", "no-such-dir' does not exist", "mkdir -p"]),
+    ("timeline under a file", ["hvdkit", "launch", "-np", "2", "-H", "localhost:2", "--timeline",
+                               "{tmp}/corrupt.pt/t.json", "--", "python", EXAMPLE, "--epochs", "1"],
+     ["--timeline", "corrupt.pt' is not a directory"]),
+    ("zero parameters (plan)", ["hvdkit", "plan", "--params", "0", "--compute-ms", "250"],
+     ["parameter count '0' is not above 0", "25.6M"]),
+    ("zero bandwidth (plan)", ["hvdkit", "plan", "--bandwidth", "0", "--compute-ms", "250"],
+     ["--bandwidth: 0.0 is not allowed", "give a number above 0"]),
+    ("NaN compute time (plan)", ["hvdkit", "plan", "--compute-ms", "nan"],
+     ["--compute-ms: nan is not allowed", "give a finite number above 0"]),
+    ("infinite latency (plan)", ["hvdkit", "plan", "--compute-ms", "250", "--latency", "inf"],
+     ["--latency: inf is not allowed", "give a finite number, 0 or more"]),
+    ("Horovod setting Horovod would misread (env)", ["HOROVOD_FUSION_THRESHOLD=lots", "hvdkit", "env"],
+     ["HOROVOD_FUSION_THRESHOLD='lots' is not a whole number >= 0", "HOROVOD_FUSION_THRESHOLD=67108864"]),
     ("commit interval that is not a number (elastic example)",
      ["python", str(ROOT / "examples" / "pytorch_elastic.py"), "--commit-every", "often"],
      ["--commit-every: 'often' is not an integer"]),
@@ -124,7 +144,7 @@ def test_bad_input_gets_one_line_and_damages_nothing(tmp_path, case):
         proc = run_hvdkit(*argv[1:], timeout=120, env=env)
     else:   # an example script, run directly
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert proc.returncode != 0
+    assert proc.returncode == 2 if argv[0] == "hvdkit" else proc.returncode != 0, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, proc.stderr[-2000:]
@@ -138,3 +158,43 @@ def test_a_hostfile_saved_with_a_byte_order_mark_reads_as_written(tmp_path):
     hostfile.write_bytes("\ufeffserver1 slots=2\n".encode())
     proc = run_hvdkit("hosts", "--hostfile", str(hostfile), timeout=60)
     assert proc.returncode == 0 and "horovodrun -np 2 -H server1:2" in proc.stdout, proc.stderr
+
+
+def test_hvdkit_env_shows_a_misread_horovod_setting_with_launchs_words():
+    """`hvdkit env` reports (all of it, on stdout) and then says on stderr what launch would refuse, exit 2."""
+    env = job_env(HOROVOD_FUSION_THRESHOLD="lots")
+    report = run_hvdkit("env", timeout=180, env=env)
+    launch = run_hvdkit("launch", "-np", "2", "-H", "localhost:2", "--", sys.executable, EXAMPLE, timeout=120, env=env)
+    assert (report.returncode, launch.returncode) == (2, 2), (report.stderr, launch.stderr)
+    assert "HOROVOD_FUSION_THRESHOLD=lots  INVALID" in report.stdout and "horovod     0.28.1" in report.stdout
+    assert report.stderr.replace("hvdkit env:", "hvdkit launch:") == launch.stderr
+
+
+def test_launch_without_hosts_runs_on_this_machine_and_says_so():
+    env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
+    proc = run_hvdkit("launch", "-np", "2", "--dry-run", "--", sys.executable, EXAMPLE, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert " -np 2 -H localhost:2 " in proc.stdout
+    assert "(hosts: localhost:2, this machine: no -H, --hostfile or Slurm allocation given)" in proc.stdout
+
+
+def test_ctrl_c_on_launch_says_interrupted_and_exits_130(tmp_path):
+    """A terminal's Ctrl-C reaches hvdkit launch alone (the job runs in its own session): one line saying the
+    user stopped it and 130, as shells expect, not "rank 1 ... killed by SIGTERM" as if a rank had failed."""
+    import psutil
+
+    from tests.conftest import WORKERS, hvdkit_launch_cmd, signal_job
+
+    cmd = hvdkit_launch_cmd(2, [str(WORKERS / "torch_forever.py"), "--out", str(tmp_path)], "gloo")
+
+    def launcher() -> int:
+        (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
+                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
+        return proc.pid
+
+    out, took, rc = signal_job(cmd, lambda _: all((tmp_path / f"looping{r}").exists() for r in range(2)), launcher,
+                               sig=signal.SIGINT, start_timeout=120, end_timeout=60)
+    ours = [line for line in out.splitlines() if line.startswith("hvdkit launch:")][1:]   # after the plan line
+    assert ours == ["hvdkit launch: interrupted (Ctrl-C): stopped 2 ranks"], out[-2000:]
+    assert rc == 130 and "Traceback" not in out, (rc, out[-2000:])
