@@ -73,7 +73,7 @@ def main():
     args = parse_args()
     # A path ending in '/' is a checkpoint directory to hvdkit, even before it exists.
     checkpoint = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else args.checkpoint
-    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, per-rank seed
+    ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, one seed for all
     log = hk.get_logger(ctx.rank, ctx.size)  # hvdkit:
     try:
         data = load_dataset(args.dataset, args.data_dir, seed=args.seed)
@@ -132,8 +132,9 @@ def main():
             scheduler.step()
             loss_sum, seen = loss_sum + loss.item() * len(x), seen + len(x)
             if guard is not None and guard.requested():  # hvdkit: the same answer on every rank
-                save(checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler, epoch, batch + 1, per_epoch)
-                guard.exit()
+                # hvdkit: rank 0 writes; no rank exits 75 until the checkpoint is on disk
+                guard.save_and_exit(save, checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler,
+                                    epoch, batch + 1, per_epoch)
         start_batch = 0
         train_loss = hk.metric_average(loss_sum / max(seen, 1), "train_loss")  # hvdkit: the epoch's mean, all ranks
         metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set

@@ -9,12 +9,22 @@ flags, through the job's backend, under one tensor name for every framework)
 and all take the same branch: checkpoint, then exit with
 :data:`REQUEUE_EXIT_CODE`.
 
+No rank leaves before the checkpoint is on disk. Only rank 0 writes it, and
+a rank that left at once (its ``save_checkpoint`` returns immediately) made
+the launcher kill rank 0 mid-save: under ``hvdkit launch``'s default MPI a
+1 GB checkpoint was left as a 908 MB temporary file, and the job exited 75
+onto nothing. ``save_and_exit`` runs the save on every rank, gathers each
+rank's outcome, and only then do all exit 75 together, or all raise
+:class:`~hvdkit.core.checkpoint_files.CheckpointError` naming the rank that
+failed (no requeue onto a checkpoint that was not written). ``exit`` alone
+waits for every rank the same way.
+
 Example (``hvdkit.torch.PreemptionGuard`` and ``hvdkit.keras.PreemptionGuard`` are this)::
 
     guard = PreemptionGuard()
     ...
     if guard.requested():       # same answer on every rank
-        save(); guard.exit()
+        guard.save_and_exit(hk.save_checkpoint, path, model, optimizer, epoch=epoch, batch=batch + 1)
 """
 
 from __future__ import annotations
@@ -34,11 +44,14 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class Preemption:
     """Records termination signals; ``requested()`` is True on every rank once any rank got one.
 
-    ``any_rank(flag)`` is the agreement: the sum of every rank's 0/1 flag.
+    ``any_rank(flag)`` is the agreement: the sum of every rank's 0/1 flag;
+    ``gather(obj)`` is every rank's ``obj``, in rank order (the save's outcome).
     """
 
-    def __init__(self, any_rank: Callable[[int], float], signals: Iterable[int] = DEFAULT_SIGNALS):
+    def __init__(self, any_rank: Callable[[int], float], gather: Callable[[object], list],
+                 signals: Iterable[int] = DEFAULT_SIGNALS):
         self._any_rank = any_rank
+        self._gather = gather
         self.received: int | None = None      # the signal this rank got, if any
         self._agreed = False
         for sig in signals:
@@ -54,10 +67,43 @@ class Preemption:
         return self._agreed
 
     def exit(self) -> None:
-        """End this process with :data:`REQUEUE_EXIT_CODE` (after the checkpoint was written)."""
+        """Collective: wait until every rank is here, then end this process with :data:`REQUEUE_EXIT_CODE`.
+
+        Call it after the checkpoint call on every rank: rank 0 arrives only
+        once its write returned, so no rank's exit lets the launcher kill
+        rank 0 mid-save.
+        """
+        self._any_rank(0)               # an allreduce as a barrier; its value is not needed
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(REQUEUE_EXIT_CODE)
+
+    def save_and_exit(self, save: Callable[..., object], *args, **kwargs) -> None:
+        """Collective: ``save(*args, **kwargs)`` on every rank, then exit 75 together, or raise everywhere if it failed.
+
+        ``save`` is the adapter's ``save_checkpoint`` (it writes on rank 0
+        and returns at once elsewhere), or a function of the script's that calls it. Every rank learns every rank's
+        outcome before any leaves: written and renamed, or the error, which
+        every rank raises as :class:`~hvdkit.core.checkpoint_files.CheckpointError`
+        naming the rank, so the job ends non-zero rather than asking to be
+        requeued onto a checkpoint that does not exist.
+        """
+        from hvdkit.core.checkpoint_files import CheckpointError
+
+        try:
+            save(*args, **kwargs)
+            outcome = None
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - every rank must hear of any failure (a script's
+            # own save may turn a CheckpointError into SystemExit("error: ..."), as examples/pytorch_mnist.py does)
+            outcome = f"{type(exc).__name__}: {exc}"
+        outcomes = self._gather(outcome)
+        failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+        if failed:
+            rank, why = failed[0]
+            raise CheckpointError(f"the preemption checkpoint was not written (rank {rank}: {why}); the job stops "
+                                  f"without exiting {REQUEUE_EXIT_CODE}, so it is not requeued onto a checkpoint "
+                                  "that does not exist: fix the cause and resume from the previous checkpoint")
+        self.exit()
 
 
 def PreemptionGuard(signals: Iterable[int] = DEFAULT_SIGNALS) -> Preemption:  # noqa: N802 (Horovod-style factory)
@@ -70,4 +116,7 @@ def PreemptionGuard(signals: Iterable[int] = DEFAULT_SIGNALS) -> Preemption:  # 
     def any_rank(flag: int) -> float:
         return backend.allreduce_floats([float(flag)], "sum", name="hvdkit.preemption")[0]
 
-    return Preemption(any_rank, signals)
+    def gather(obj: object) -> list:
+        return backend.allgather_object(obj, name="hvdkit.preemption.outcome")
+
+    return Preemption(any_rank, gather, signals)

@@ -257,8 +257,8 @@ def _preemption_checkpoint(keras) -> type:
                 steps = self.params.get("steps")
                 step = self.epoch * steps + batch + 1 if steps else self.batches_done
                 where = {"step": step} if is_directory_target(self.path) else {}
-                save_checkpoint(self.path, self.model, self.model.optimizer, epoch=self.epoch, batch=batch + 1,
-                                **where)
-                self.guard.exit()
+                # Every rank waits for rank 0's write and its outcome before any exits (core/preemption.py).
+                self.guard.save_and_exit(save_checkpoint, self.path, self.model, self.model.optimizer,
+                                         epoch=self.epoch, batch=batch + 1, **where)
 
     return PreemptionCheckpoint

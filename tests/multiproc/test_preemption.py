@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvdkit.core.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, read_rank_results, run_job, signal_job
+from tests.conftest import ROOT, WORKERS, horovodrun_cmd, hvdkit_cmd, read_rank_results, run_job, signal_job
 
 pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_preempt.py")
@@ -59,6 +59,32 @@ def test_sigterm_on_one_rank_checkpoints_every_rank_and_resumes_exactly(tmp_path
     assert resumed[0]["steps"] == 3 * 15 - (15 * marks[0]["epoch"] + marks[0]["batch"])
     for r in range(2):
         assert resumed[r]["params"] == reference[r]["params"], "resumed training diverged from the uninterrupted run"
+
+
+@pytest.mark.parametrize("controller", ["default", "gloo"])
+def test_sigterm_to_one_rank_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, controller):
+    """Issue 34, case 1: `hvdkit launch` as users run it (MPI by default on one host), a 1 GiB checkpoint that
+    takes seconds to write, SIGTERM to rank 1 only. Rank 1 used to exit 75 at once (its save_checkpoint
+    returns: it is not the root), mpirun then killed rank 0 mid-save: a 908 MB .tmp file, no checkpoint, and
+    the job still exited 75 onto nothing."""
+    from hvdkit.torch.checkpoint import _read
+
+    ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
+    out.mkdir()
+    flags = ["--gloo"] if controller == "gloo" else []
+    cmd = hvdkit_cmd("launch", "-np", "2", "-H", "localhost:2", *flags, "--", sys.executable, WORKER,
+                     "--out", str(out), "--ckpt", str(ckpt), "--step-seconds", "0.2", "--ballast-mb", "1024",
+                     # Open MPI sends SIGKILL 5 s after its SIGTERM; rank 0 spends longer in its save, as on a slow
+                     # or busy file system, so that an early exit of rank 1 shows whatever this machine's disk does.
+                     "--save-delay-s", "6")
+    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)),
+                                     lambda: int((out / "pid1").read_text()), end_timeout=120)
+    assert code == REQUEUE_EXIT_CODE, f"hvdkit launch exited {code}:\n{output[-3000:]}"
+    assert ckpt.exists() and not list(tmp_path.glob(".ckpt.pt.*.tmp")), sorted(p.name for p in tmp_path.iterdir())
+    state = _read(str(ckpt))            # verifies the digest inside the file
+    assert state["model"]["ballast"].numel() * 4 == 2**30 and state["world_size"] == 2
+    marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
+    assert marks[0]["batch"] == marks[1]["batch"] and marks[1]["signal"] == signal.SIGTERM
 
 
 @pytest.mark.parametrize("mode, target", [("tensorflow", "ckpt.npz"), ("torch", "ckpt.npz"),

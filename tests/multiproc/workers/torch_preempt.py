@@ -20,6 +20,10 @@ p.add_argument("--out", required=True)
 p.add_argument("--ckpt", required=True)
 p.add_argument("--resume", action="store_true")
 p.add_argument("--step-seconds", type=float, default=0.0, help="slow each step so a signal lands mid-epoch")
+p.add_argument("--save-delay-s", type=float, default=0.0,
+               help="rank 0 takes this much longer in its save (a slow file system), after which it writes")
+p.add_argument("--ballast-mb", type=int, default=0,
+               help="a buffer of this size in the model, so the checkpoint takes seconds to write (not trained)")
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
@@ -33,6 +37,8 @@ y = x @ torch.randn(6, 1, generator=g) + 0.1 * torch.randn(240, 1, generator=g)
 loader = hk.distributed_loader(TensorDataset(x, y), batch_size=8, shuffle=True, seed=3)
 torch.manual_seed(5)   # the same initial weights on every rank (and broadcast anyway)
 model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+if args.ballast_mb:
+    model.register_buffer("ballast", torch.ones(args.ballast_mb * 2**20 // 4, dtype=torch.float32))
 optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model)
 guard = hk.PreemptionGuard()
 
@@ -60,11 +66,19 @@ while epoch < EPOCHS:
                 f.write(f"{epoch} {batch + 1}")
         time.sleep(args.step_seconds)
         if guard.requested():
-            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1)
             write_result(args.out, ctx.rank, {"epoch": epoch, "batch": batch + 1, "signal": guard.received},
                          prefix="preempted")
+            if args.save_delay_s:           # the recipe: every rank waits for rank 0's outcome before exiting
+
+                def slow_save(epoch, batch):
+                    if ctx.is_main:
+                        time.sleep(args.save_delay_s)
+                    hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch)
+
+                guard.save_and_exit(slow_save, epoch, batch + 1)
+            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1)
             guard.exit()
     epoch, start_batch = epoch + 1, 0
 
 write_result(args.out, ctx.rank, {"size": ctx.size, "steps": steps, "resumed_at": resumed_at,
-                                  "params": [t.tolist() for t in model.state_dict().values()]})
+                                  "params": [t.tolist() for t in model.parameters()]})
