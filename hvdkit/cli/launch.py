@@ -39,6 +39,7 @@ from hvdkit.core.launch import (
     LaunchConfig,
     check_command,
     check_timeline,
+    ended_by_preemption,
     explain_failure,
     explain_worker_exit,
     is_rank_output,
@@ -48,6 +49,7 @@ from hvdkit.core.launch import (
     worker_exit,
     worker_slot,
 )
+from hvdkit.core.preemption import REQUEUE_EXIT_CODE
 from hvdkit.core.remote import discover_hosts, quick_check
 from hvdkit.core.tuning import check_horovod_environment
 
@@ -215,6 +217,10 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
         stopped = "the elastic job's workers" if elastic else f"{len(layout)} {'rank' if len(layout) == 1 else 'ranks'}"
         print(f"hvdkit launch: interrupted (Ctrl-C): stopped {stopped}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
+    if ended_by_preemption(rc, "".join(tail)):
+        print(f"hvdkit launch: preempted: the ranks wrote their checkpoint and exited {REQUEUE_EXIT_CODE}; rerun "
+              "the same command with the script's resume option to continue", file=sys.stderr, flush=True)
+        return REQUEUE_EXIT_CODE
     if rc != 0:
         why = explain_failure("".join(tail), layout)
         print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'} "

@@ -21,6 +21,7 @@ from hvdkit.core.checkpoint_files import writable_free_bytes
 from hvdkit.core.envreport import probe_horovod
 from hvdkit.core.errors import UserError
 from hvdkit.core.hosts import HostSpec, RankPlacement, is_this_machine, rank_layout, to_hosts_string
+from hvdkit.core.preemption import REQUEUE_EXIT_CODE
 from hvdkit.core.remote import horovodrun_path
 
 CONTROLLERS = ("auto", "mpi", "gloo")
@@ -407,6 +408,23 @@ def first_exception(output: str) -> tuple[int, str] | None:
         if raised:
             return rank, raised[-1]      # a chained traceback ends with the exception that was raised last
     return None
+
+
+def ended_by_preemption(rc: int, output: str) -> bool:
+    """The job ended because its ranks checkpointed and exited :data:`REQUEUE_EXIT_CODE` (a preemption).
+
+    mpirun passes the ranks' 75 up, but horovodrun under Gloo exits 1 whatever
+    the ranks' codes ("Horovod detected that one or more processes exited with
+    non-zero status ... Exit code: 75"), so a requeue wrapper that waits for 75
+    never fired. The first rank horovodrun reports decides: under hvdkit's
+    preemption protocol every rank exits 75 together, once the checkpoint is on disk.
+    """
+    if rc == REQUEUE_EXIT_CODE:
+        return True
+    if rc == 0:
+        return False
+    first = _PROCESS.search(output)
+    return bool(first) and int(first.group(2)) == REQUEUE_EXIT_CODE and _MPI_SIGNAL.search(output) is None
 
 
 def explain_failure(output: str, layout: Sequence[RankPlacement]) -> str | None:

@@ -216,3 +216,25 @@ def test_the_timeline_directory_is_checked_where_rank_0_runs_here(tmp_path):
         with pytest.raises(UserError, match=message.replace("(", r"\(")):
             check_timeline(str(path), here)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]     # nothing made, the probe removed
+
+
+GLOO_PREEMPTED = """[1]<stderr>:saved
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be \
+terminated. The first process to do so was:
+Process name: 1
+Exit code: 75
+"""
+
+
+@pytest.mark.parametrize("rc, output, expected", [
+    (1, GLOO_PREEMPTED, True),                                      # horovodrun --gloo exits 1 after the ranks' 75
+    (75, "", True),                                                  # mpirun passes 75 up
+    (1, GLOO_PREEMPTED.replace("Exit code: 75", "Exit code: 1"), False),
+    (0, GLOO_PREEMPTED, False),
+    (1, "mpirun noticed that process rank 1 with PID 5 on node a exited on signal 9 (Killed).\n"
+        "Process name: [[1,1],1]\nExit code: 75\n", False),          # a kill is not a preemption
+])
+def test_a_preempted_job_is_told_from_a_failed_one(rc, output, expected):
+    from hvdkit.core.launch import ended_by_preemption
+
+    assert ended_by_preemption(rc, output) is expected
