@@ -1,6 +1,7 @@
 """Non-elastic jobs fail fast: SIGKILL of one rank ends the whole job, names the rank, leaves no process."""
 
 import json
+import os
 import re
 import signal
 import time
@@ -92,6 +93,26 @@ def test_a_killed_launcher_takes_the_job_with_it(tmp_path, controller):
     ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
     alive = ranks_still_running(ranks, within=BOUND_S)
     assert not alive, f"rank processes still running {BOUND_S}s after the launcher died: {alive}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signal_to_plain_horovodrun_under_mpi_leaves_no_rank(tmp_path, sig):
+    """The README's own launch line, plain `horovodrun --mpi`: a signal to its pid (a batch system's, a
+    user's kill) used to end only the `/bin/sh -c mpirun` it had become, and mpirun and both ranks trained
+    on 38 s and more later (issue 34, case 9; patch item 13)."""
+    cmd = horovodrun_cmd(2, [str(WORKERS / "torch_forever.py"), "--out", str(tmp_path)], "mpi")
+
+    def looping(_output: str) -> bool:
+        return all((tmp_path / f"looping{r}").exists() for r in range(2))
+
+    def horovodrun() -> int:    # the pid the job started as: the leader of the session signal_job made for it
+        return os.getsid(json.loads((tmp_path / "pid0.json").read_text())["pid"])
+
+    signal_job(cmd, looping, horovodrun, sig=sig, start_timeout=120, end_timeout=BOUND_S + 30)
+    ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
+    assert [r["size"] for r in ranks] == [2, 2]
+    alive = ranks_still_running(ranks, within=BOUND_S)
+    assert not alive, f"rank processes still running {BOUND_S}s after horovodrun got signal {sig}: {alive}"
 
 
 def ranks_still_running(ranks: list[dict], within: float) -> list[int]:
