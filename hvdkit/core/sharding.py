@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdkit.core.errors import UserError
@@ -79,3 +79,33 @@ def shard_together(arrays: tuple, rank: int, size: int, *, drop_remainder: bool 
         raise ValueError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
     shards = tuple(take(a, rank, size, drop_remainder=drop_remainder) for a in arrays)
     return shards if len(shards) > 1 else shards[0]
+
+
+def resume_indices(order: Sequence[int], start: int, rank: int, size: int, *, drop_last: bool = False) -> list[int]:
+    """This rank's share of an epoch's ``order`` from global position ``start`` on, over ``size`` ranks.
+
+    A sampler that gives rank r the rows ``order[r::size]`` (torch's
+    DistributedSampler, ``shard_arrays``) has, after k batches of B on every
+    rank, consumed exactly the prefix ``order[:k*B*size]``. So the position
+    to store is that count of samples, not a rank's batch index, and a job
+    resumed on another number of ranks continues with the rest of the same
+    order: ``order[start:]`` dealt over the new ranks, none skipped and none
+    seen twice. As DistributedSampler does, the rest is padded to a multiple
+    of ``size`` by repeating the epoch's first rows (``drop_last``: cut
+    instead). With ``start=0`` this is DistributedSampler's own split.
+
+    Example::
+
+        resume_indices(list(range(10)), start=6, rank=0, size=3)   # [6, 9]: rows 6-9 and 0 as padding, dealt 3 ways
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+    if start < 0:
+        raise ValueError(f"start {start} is negative")
+    rest = list(order[start:])
+    if drop_last:
+        rest = rest[:len(rest) // size * size]
+    elif rest and len(rest) % size:
+        pad = size - len(rest) % size
+        rest += (list(order) * math.ceil(pad / len(order)))[:pad]
+    return rest[rank::size]

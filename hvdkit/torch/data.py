@@ -27,7 +27,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.core import context
 from hvdkit.core.datacheck import same_everywhere
 from hvdkit.core.integrity import content_digest
-from hvdkit.core.sharding import shard_slice, shard_together, take_shard
+from hvdkit.core.sharding import resume_indices, shard_slice, shard_together, take_shard
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
@@ -36,14 +36,23 @@ log = logging.getLogger("hvdkit.torch")
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """DistributedSampler that can start mid-epoch: ``set_epoch(epoch, start_batch=k)``.
+    """DistributedSampler that can start mid-epoch, on any number of ranks.
 
-    Every rank must resume at the same (epoch, batch) to see exactly the
-    samples it would have seen without the interruption. A shuffling sampler
-    that starts passes in the same order logs one warning, since every epoch
-    would see the same order: at its second pass when ``set_epoch`` was never
-    called, at its third since the last ``set_epoch`` otherwise (a second pass
-    in one epoch is often an evaluation on the training data).
+    ``loader.sampler.position(k)`` is how many samples of the epoch the
+    whole job has consumed once every rank has taken k batches since
+    ``set_epoch``: store that count in the checkpoint, with the epoch. On
+    resume, ``set_epoch(epoch, start_sample=count)`` continues the same
+    epoch order from there on however many ranks the job now has, so no
+    sample is skipped or seen twice (:func:`hvdkit.core.sharding.resume_indices`).
+    A rank's batch index alone is not enough: 14 batches of 10 on 2 ranks
+    are 280 samples, on 3 ranks 420. ``set_epoch(epoch, start_batch=k)``
+    still means k batches at the current size.
+
+    A shuffling sampler that starts passes in the same order logs one
+    warning, since every epoch would see the same order: at its second pass
+    when ``set_epoch`` was never called, at its third since the last
+    ``set_epoch`` otherwise (a second pass in one epoch is often an
+    evaluation on the training data).
     """
 
     def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int, shuffle: bool,
@@ -51,16 +60,33 @@ class ResumableDistributedSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                          seed=seed, drop_last=drop_last)
         self.batch_size = batch_size
-        self.start_index = 0
+        self.start_sample = 0
         self._passes_since_set_epoch = 0
         self._set_epoch_called = False
         self._warned = False
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, *, start_sample: int | None = None) -> None:
+        """Start ``epoch`` after ``start_sample`` of its samples (all ranks together), or ``start_batch`` a rank."""
         super().set_epoch(epoch)
-        self.start_index = start_batch * self.batch_size
+        if start_sample is not None and start_batch:
+            raise ValueError("give start_batch or start_sample, not both")
+        self.start_sample = start_batch * self.batch_size * self.num_replicas if start_sample is None else start_sample
+        if self.start_sample < 0:
+            raise ValueError(f"start_sample must be >= 0, got {self.start_sample}")
         self._passes_since_set_epoch = 0
         self._set_epoch_called = True
+
+    def position(self, batches: int) -> int:
+        """Samples of this epoch the job has consumed after ``batches`` batches a rank since ``set_epoch``."""
+        return self.start_sample + batches * self.batch_size * self.num_replicas
+
+    def _order(self) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)       # DistributedSampler's own order
+        return torch.randperm(n, generator=g).tolist()
 
     def __iter__(self):
         self._passes_since_set_epoch += 1
@@ -70,11 +96,15 @@ class ResumableDistributedSampler(DistributedSampler):
             log.warning("hvdkit: the sampler starts another pass with the same order as the last (epoch %d), since "
                         "set_epoch was not called: call train_loader.sampler.set_epoch(epoch) at the start of each "
                         "epoch", self.epoch)
-        indices = list(super().__iter__())
-        return iter(indices[self.start_index:])
+        return iter(resume_indices(self._order(), self.start_sample, self.rank, self.num_replicas,
+                                   drop_last=self.drop_last))
 
     def __len__(self) -> int:
-        return max(self.num_samples - self.start_index, 0)
+        n = len(self.dataset)
+        rest = max(n - self.start_sample, 0)
+        if self.drop_last:
+            return rest // self.num_replicas
+        return math.ceil(rest / self.num_replicas)
 
 
 def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,

@@ -57,3 +57,25 @@ def test_arrays_are_sharded_together_and_must_have_the_same_length():
     assert list(shard_together((x,), 2, 4)) == list(xs)
     with pytest.raises(ValueError, match=r"arrays have different lengths \[9, 10\]"):
         shard_together((x, y[:9]), 0, 2)
+
+
+@pytest.mark.parametrize("n, before, after, batch", [(400, 2, 3, 10), (400, 2, 1, 10), (401, 3, 2, 7), (10, 4, 3, 1)])
+def test_a_position_of_one_world_size_resumes_on_another_with_every_row_once(n, before, after, batch):
+    from hvdkit.core.sharding import resume_indices
+
+    order = [(i * 7919) % n for i in range(n)]        # a fixed permutation (n and 7919 are coprime)
+    k = (n // (batch * before)) // 2                   # stopped half-way through the epoch
+    seen = [i for r in range(before) for i in resume_indices(order, 0, r, before)[:k * batch]]
+    start = k * batch * before                          # what the sampler's position() stores
+    rest = [i for r in range(after) for i in resume_indices(order, start, r, after)]
+    assert sorted(seen) == sorted(order[:start])
+    assert sorted(set(seen + rest)) == list(range(n))
+    assert len(seen) + len(rest) - n < after, "only the padding of the last round repeats rows"
+
+
+def test_resume_indices_pads_like_distributed_sampler_and_drops_with_drop_last():
+    from hvdkit.core.sharding import resume_indices
+
+    assert [resume_indices(list(range(10)), 6, r, 3) for r in range(3)] == [[6, 9], [7, 0], [8, 1]]
+    assert [resume_indices(list(range(10)), 6, r, 3, drop_last=True) for r in range(3)] == [[6], [7], [8]]
+    assert resume_indices(list(range(10)), 12, 0, 3) == []
