@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from hvdkit.core.checkpoint_files import CheckpointError
 from hvdkit.core.topology import Topology
 
 REDUCE_OPS = ("average", "sum", "adasum")
@@ -89,3 +90,33 @@ def warmup_lr(step: int, warmup_steps: int, base_lr: float, target_lr: float) ->
     if warmup_steps == 0 or step >= warmup_steps:
         return target_lr
     return base_lr + (target_lr - base_lr) * step / warmup_steps
+
+
+RESIZE_CHOICES = ("rescale", "error")
+
+
+def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scale: float, size: int, *,
+                     op: str = "average", on_resize: str = "rescale", path: str = "checkpoint") -> float:
+    """What to multiply a checkpoint's learning rates by when a job resumes on ``size`` ranks.
+
+    A checkpoint holds the rates its optimizer had, scaled for the job that
+    wrote it (:func:`scale_lr`). Resumed on another number of ranks, the
+    gradients are averaged over that many, so the rate must be what
+    ``scale_lr`` gives for the new size: 2 to 3 ranks at ``average`` is x1.5
+    (a 0.02 rate becomes 0.03). ``saved_scale`` is ``scale_lr(1.0)`` when the
+    checkpoint was written; files from before hvdkit stored it give only
+    ``saved_size``, which fixes the scale for ``op="average"`` (its size).
+    ``on_resize="error"`` refuses another size instead, naming the choice.
+    """
+    if on_resize not in RESIZE_CHOICES:
+        raise ValueError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
+    if saved_scale is None:
+        saved_scale = float(saved_size) if saved_size and op == "average" else now_scale
+    if saved_scale == now_scale:
+        return 1.0
+    if on_resize == "error":
+        raise CheckpointError(f"{path} was written by a job of {saved_size} ranks and this one has {size}: run on "
+                              f"{saved_size} ranks, or load with on_resize='rescale' to continue with the learning "
+                              f"rate scaled for {size} (x{now_scale / saved_scale:g}) and the data from where it "
+                              "stopped")
+    return now_scale / saved_scale

@@ -35,8 +35,9 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
+from hvdkit.core.lr import resume_lr_factor, scale_lr_for
 from hvdkit.keras.context import backend, current
-from hvdkit.keras.optimizer import named_variables
+from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
 
 FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
 READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
@@ -67,6 +68,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
               "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
+    if optimizer is not None:     # the rates' scale, so another world size can resume with scale_lr's rate
+        header["lr_scale"] = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
     header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
     header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
@@ -106,13 +109,17 @@ def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -
     check_on_root(path, need, backend())
 
 
-def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0) -> dict:
+def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0, *,
+                    on_resize: str = "rescale") -> dict:
     """Rank ``root_rank`` reads ``path``; every rank assigns the same variables, by name. Returns ``extra``.
 
     A variable the checkpoint lacks, one it has that the model lacks, or one
     of another shape raises :class:`CheckpointError` naming it (on every rank).
+    A checkpoint of another world size resumes with the learning rate
+    ``scale_lr`` gives for this one (``on_resize="error"`` refuses it), as in
+    :func:`hvdkit.torch.load_checkpoint`.
     """
-    current()
+    ctx = current()
     body = read_on_root(path, _read, ".npz", backend(), root_rank)
     header, where = body["header"], os.fspath(path)
     for part, target in (("model", model), ("optimizer", optimizer)):
@@ -126,6 +133,14 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
                                       f"has {len(named)}: build the same architecture and optimizer before loading")
             saved = [n for n, _ in named]
         _assign_by_name(where, part, named, dict(zip(saved, body[part])))
+    # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
+    # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
+    if optimizer is not None and saves_learning_rate(optimizer):
+        op = getattr(optimizer, "_hvdkit_op", "average")
+        factor = resume_lr_factor(header.get("lr_scale"), header.get("world_size"), scale_lr_for(1.0, ctx, op),
+                                  ctx.size, op=op, on_resize=on_resize, path=f"checkpoint {where!r}")
+        if factor != 1.0:
+            set_learning_rate(optimizer, get_learning_rate(optimizer) * factor)
     return header["extra"]
 
 

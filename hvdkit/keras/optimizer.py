@@ -95,6 +95,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             return horovods_apply(grads_and_vars, *args, **kwargs)
 
         wrapped.apply_gradients = apply_gradients
+        wrapped._hvdkit_op = op       # the learning rate's scaling rule, for a checkpoint resumed on another size
         return wrapped
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
@@ -122,6 +123,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     # (for LossScaleOptimizer) its inner optimizer.
     optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
                                {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
+                                "_hvdkit_op": op,
                                 "__module__": __name__})
     return optimizer
 
@@ -156,6 +158,11 @@ def check_weights_at_first_step(variables) -> None:
 def optimizer_variables(optimizer) -> list:
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
+
+
+def saves_learning_rate(optimizer) -> bool:
+    """Whether the rate is one of the optimizer's variables (Keras 3), so a checkpoint holds it (tf-keras: no)."""
+    return any(_short_name(v) == "learning_rate" for v in optimizer_variables(optimizer))
 
 
 def ensure_built(model, optimizer) -> None:

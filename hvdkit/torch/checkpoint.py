@@ -20,6 +20,7 @@ inference without hvdkit::
 from __future__ import annotations
 
 import io
+import logging
 import os
 
 import torch
@@ -35,8 +36,11 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
+from hvdkit.core.lr import resume_lr_factor, scale_lr_for
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import plain_module, to_cpu
+
+log = logging.getLogger("hvdkit.torch")
 
 FORMAT = "hvdkit.torch/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
 LEGACY_FORMAT = "hvdkit.torch/1"
@@ -58,7 +62,7 @@ def tensor_bytes(obj):
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,
-                    keep_last: int | None = None, **extra) -> bool:
+                    keep_last: int | None = None, scheduler=None, **extra) -> bool:
     """Write model, optimizer and ``extra`` (epoch, ...) on rank 0 only; returns True on the rank that wrote.
 
     ``path`` is a file, or a directory (ending in '/') holding ``ckpt-<step>.pt``
@@ -67,7 +71,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     content: a crash mid-save leaves the previous checkpoint intact, and a
     damaged copy is refused on load. A full or read-only disk raises
     :class:`CheckpointError` naming the fix (run :func:`check_checkpoint_path`
-    before training to find out then).
+    before training to find out then). ``scheduler`` (a torch LR scheduler)
+    is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
     """
     ctx = current()
     if not ctx.is_main:
@@ -80,6 +85,10 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "extra": extra,
     }
+    if optimizer is not None:   # the rates' scale, so another world size can resume with scale_lr's rate
+        state["lr_scale"] = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
     if step is not None:
         state["extra"] = {"step": step, **extra}
     state[DIGEST_KEY] = content_digest(state, tensor_bytes)
@@ -122,8 +131,15 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> dict:
-    """Rank ``root_rank`` reads ``path``; every rank loads the same model/optimizer state.
+                    optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0, *, scheduler=None,
+                    on_resize: str = "rescale") -> dict:
+    """Rank ``root_rank`` reads ``path``; every rank loads the same model/optimizer (and scheduler) state.
+
+    A checkpoint written by a job of another size resumes with the learning
+    rates ``scale_lr`` gives for this size, in the optimizer's param groups
+    and the scheduler's base rates (:func:`hvdkit.core.lr.resume_lr_factor`);
+    ``on_resize="error"`` refuses it instead. Continue the data with the
+    sampler's ``set_epoch(epoch, start_sample=...)`` from the position saved.
 
     ``path`` is a file or a checkpoint directory (the newest checkpoint whose
     checksum verifies and which loads; older ones are tried with a warning).
@@ -143,4 +159,24 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
             raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no optimizer state: pass optimizer=None "
                                   "to load the model only")
         optimizer.load_state_dict(body["optimizer"])
+        ctx = current()
+        now = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
+        factor = resume_lr_factor(body.get("lr_scale"), body.get("world_size"), now, ctx.size,
+                                  op=getattr(optimizer, "_hvdkit_op", "average"), on_resize=on_resize,
+                                  path=f"checkpoint {os.fspath(path)!r}")
+        for group in optimizer.param_groups:
+            for key in ("lr", "initial_lr"):       # initial_lr: what a scheduler built on it starts from
+                if key in group:
+                    group[key] *= factor
+        if scheduler is not None:
+            if "scheduler" not in body:
+                raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no scheduler state: save it with "
+                                      "save_checkpoint(..., scheduler=scheduler), or load without scheduler=")
+            scheduler.load_state_dict(body["scheduler"])
+            for key in ("base_lrs", "_last_lr"):
+                if key in scheduler.__dict__:
+                    setattr(scheduler, key, [lr * factor for lr in getattr(scheduler, key)])
+        if factor != 1.0 and ctx.is_main:
+            log.info("resumed a checkpoint of %s ranks on %d: learning rates x%g, as scale_lr gives",
+                     body.get("world_size"), ctx.size, factor)
     return body["extra"]

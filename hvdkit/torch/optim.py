@@ -87,6 +87,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         gradient_predivide_factor=gradient_predivide_factor,
         sparse_as_dense=sparse_as_dense,
     )
+    wrapped._hvdkit_op = op        # the learning rate's scaling rule, for a checkpoint resumed on another size
     # Horovod builds a new optimizer from param_groups, which drops any state
     # the original already had (momentum, Adam moments, e.g. loaded before
     # wrapping). Carry it over.

@@ -52,3 +52,19 @@ def test_warmup_length_in_steps_or_epochs():
         warmup_steps(warmup_epochs=1)
     with pytest.raises(ValueError, match="not both"):
         warmup_steps(warmup_steps=1, warmup_epochs=1, steps_per_epoch=3)
+
+
+def test_a_checkpoint_of_another_size_resumes_at_scale_lrs_rate():
+    from hvdkit.core.checkpoint_files import CheckpointError
+    from hvdkit.core.lr import resume_lr_factor
+
+    assert resume_lr_factor(2.0, 2, 3.0, 3) == 1.5                 # 0.02 on 2 ranks -> 0.03 on 3
+    assert resume_lr_factor(2.0, 2, 1.0, 1) == 0.5
+    assert resume_lr_factor(None, 2, 3.0, 3) == 1.5                # older files: world_size under average
+    assert resume_lr_factor(None, 2, 1.0, 3, op="sum") == 1.0      # sum: no scale to undo
+    assert resume_lr_factor(2.0, 2, 2.0, 2, on_resize="error") == 1.0
+    with pytest.raises(CheckpointError, match="written by a job of 2 ranks and this one has 3: run on 2 ranks, or "
+                                              "load with on_resize='rescale'"):
+        resume_lr_factor(2.0, 2, 3.0, 3, on_resize="error")
+    with pytest.raises(ValueError, match="on_resize='never'"):
+        resume_lr_factor(2.0, 2, 3.0, 3, on_resize="never")
