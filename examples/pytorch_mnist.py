@@ -59,12 +59,13 @@ def parse_args():
     return p.parse_args()
 
 
-def save(path, numbered, model, optimizer, scheduler, epoch, batch, per_epoch):
-    """Checkpoint after ``batch`` batches of ``epoch``: model, optimizer and the warmup's position."""
-    steps = dict(step=epoch * per_epoch + batch, keep_last=3) if numbered else {}  # ckpt-<step>.pt, newest 3
+def save(path, numbered, model, optimizer, scheduler, epoch, samples, epoch_size):
+    """Checkpoint once ``samples`` of ``epoch``'s samples were trained on (all ranks together)."""
+    # ckpt-<samples since the start>.pt, the newest 3: the name grows whatever the number of processes
+    steps = dict(step=epoch * epoch_size + samples, keep_last=3) if numbered else {}
     try:
-        hk.save_checkpoint(path, model, optimizer, **steps,  # hvdkit: rank 0 writes
-                           epoch=epoch, batch=batch, scheduler=scheduler.state_dict())
+        hk.save_checkpoint(path, model, optimizer, **steps, scheduler=scheduler,  # hvdkit: rank 0 writes
+                           epoch=epoch, samples=samples)
     except hk.CheckpointError as exc:  # e.g. the disk filled up: one line, the previous checkpoint kept
         raise SystemExit(f"error: {exc}") from None
 
@@ -90,22 +91,21 @@ def main():
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
     # hvdkit: from rate/size up to the scaled rate over the first epochs
     scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
-    start_epoch, start_batch = 0, 0
+    start_epoch, start_sample = 0, 0
     if checkpoint:
         try:  # hvdkit: a read-only or full checkpoint directory stops the job now, not after an epoch
             hk.check_checkpoint_path(checkpoint, model, optimizer)
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
     if args.resume and checkpoint:
-        try:
-            extra = hk.load_checkpoint(checkpoint, model, optimizer)  # hvdkit: rank 0 reads, all load
+        try:  # hvdkit: rank 0 reads, all load; on another -np the rates are rescaled as scale_lr would
+            extra = hk.load_checkpoint(checkpoint, model, optimizer, scheduler=scheduler)
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
-        scheduler.load_state_dict(extra["scheduler"])
         # Saved at an epoch's end, or mid-epoch when the job was preempted.
-        start_epoch, start_batch = extra["epoch"], extra["batch"]
-        if start_batch >= per_epoch:
-            start_epoch, start_batch = start_epoch + 1, 0
+        start_epoch, start_sample = extra["epoch"], extra["samples"]
+        if start_sample >= len(train_set):
+            start_epoch, start_sample = start_epoch + 1, 0
     else:
         hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
     # hvdkit: with a checkpoint, SIGTERM/SIGUSR1 on any rank (a cluster's preemption notice) means:
@@ -120,10 +120,11 @@ def main():
     metrics = hk.evaluate(model, test_loader) if start_epoch >= args.epochs else None  # resumed a finished run
     for epoch in range(start_epoch, args.epochs):
         model.train()
-        train_loader.sampler.set_epoch(epoch, start_batch=start_batch)  # hvdkit: same shuffle on all ranks
+        # hvdkit: the same shuffle on all ranks; a resumed epoch goes on from the sample it stopped at
+        train_loader.sampler.set_epoch(epoch, start_sample=start_sample)
         batches = hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}")  # hvdkit:
         loss_sum, seen = 0.0, 0
-        for batch, (x, y) in enumerate(batches, start=start_batch):
+        for batch, (x, y) in enumerate(batches):
             x, y = x.to(ctx.device), y.to(ctx.device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
@@ -134,15 +135,16 @@ def main():
             if guard is not None and guard.requested():  # hvdkit: the same answer on every rank
                 # hvdkit: rank 0 writes; no rank exits 75 until the checkpoint is on disk
                 guard.save_and_exit(save, checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler,
-                                    epoch, batch + 1, per_epoch)
-        start_batch = 0
+                                    epoch, train_loader.sampler.position(batch + 1), len(train_set))
+        start_sample = 0
         train_loss = hk.metric_average(loss_sum / max(seen, 1), "train_loss")  # hvdkit: the epoch's mean, all ranks
         metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
         if ctx.is_main:  # hvdkit:
             log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
                      f"test accuracy {metrics['accuracy']:.2%} ({metrics['count']} samples)")
         if checkpoint:
-            save(checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler, epoch, per_epoch, per_epoch)
+            save(checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler, epoch, len(train_set),
+                 len(train_set))
 
     if ctx.is_main:  # hvdkit:
         elapsed = time.time() - start

@@ -17,4 +17,5 @@ test_loader = hk.eval_loader(test_set, batch_size=256)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9), model)
 hk.broadcast_state(model, optimizer)
-epochs, start_epoch, start_batch, path = 1, 0, 0, "ckpt.pt"
+epochs, start_epoch, start_batch, start_sample, path = 1, 0, 0, 0, "ckpt.pt"
+scheduler = hk.warmup_scheduler(optimizer, warmup_steps=10)

@@ -116,7 +116,7 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
 
 def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
     """examples/pytorch_mnist.py --checkpoint-dir DIR: SIGTERM to rank 1 during training -> exit 75 with a
-    mid-run checkpoint; --resume continues from it and finishes."""
+    mid-run checkpoint; --resume on 3 processes continues from it and finishes."""
     ckpts = tmp_path / "ckpts"
     example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint-dir", str(ckpts), "--json"]
 
@@ -132,7 +132,33 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
     assert "final test accuracy" not in output
     saved = sorted(p.name for p in ckpts.glob("ckpt-*.pt"))
     assert saved, "no checkpoint was written"
-    proc = run_job(horovodrun_cmd(2, [*example, "--resume"]), timeout=300)
+    # Requeued onto another allocation: 3 processes continue the 2-process run's epoch from its sample.
+    proc = run_job(horovodrun_cmd(3, [*example, "--resume"]), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     result = json.loads(proc.stdout[proc.stdout.index('{"dataset"'):].splitlines()[0])
-    assert result["size"] == 2 and result["test_accuracy"] > 0.9
+    assert result["size"] == 3 and result["test_accuracy"] > 0.9
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("size", [1, 3])
+def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, size, controller):
+    """Issue 34, case 3: a 2-rank checkpoint after 14 of 20 batches (400 rows, batch 10) resumed on 3 ranks
+    skipped 120 of the epoch's samples at lr 0.2 instead of 0.3; on 1 rank it saw 140 twice at 0.2, not 0.1."""
+    worker, ckpt = str(WORKERS / "torch_resize.py"), str(tmp_path / "ckpt.pt")
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    first.mkdir()
+    resumed.mkdir()
+    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(first), "--ckpt", ckpt, "--phase", "first"], controller),
+                   timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    before = read_rank_results(first, 2, proc.stdout)
+    proc = run_job(horovodrun_cmd(size, [worker, "--out", str(resumed), "--ckpt", ckpt, "--phase", "resume"],
+                                  controller), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    after = read_rank_results(resumed, size, proc.stdout)
+    assert [r["size"] for r in after] == [size] * size
+    assert after[0]["start_sample"] == 280
+    seen = [i for r in before + after for i in r["seen"]]
+    assert sorted(seen) == list(range(400)), "every sample of the epoch once: none skipped, none twice"
+    for r in after:      # scale_lr(0.1) for the new size, in the optimizer and the warmup's base rate
+        assert r["lr"] == [pytest.approx(0.1 * size)] and r["base_lrs"] == [pytest.approx(0.1 * size)]
