@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import errno
+import fcntl
 import glob
 import hashlib
 import logging
@@ -23,6 +24,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
@@ -65,41 +68,106 @@ def remove_leftovers(path: str | os.PathLike) -> list[str]:
     return removed
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str = "checkpoint") -> None:
+_LOCKED: set[str] = set()       # directories this process holds the writer's lock of (the lock is reentrant)
+
+
+@contextmanager
+def one_writer(directory: str, path: str, what: str = "checkpoint") -> Iterator[None]:
+    """Hold ``directory``'s writer lock (``flock`` on the directory itself: no lock file) while saving there.
+
+    A save first removes the temporary files that killed saves left; a second
+    process saving into the same place at the same time removed the first's
+    live temporary file, and about half the saves failed with "No such file
+    or directory: check the path". Now the second one stops with one line
+    naming the cause. The kernel drops the lock when its process dies, so a
+    killed save never blocks the next one.
+    """
+    key = os.path.realpath(directory)
+    if key in _LOCKED:
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(
+                f"another process is saving into {directory!r} right now, so {what} {path!r} was not written: two "
+                "jobs (or two ranks of one) save to the same place; give each job its own path (hvdkit's "
+                "save_checkpoint writes on rank 0 only)") from None
+        _LOCKED.add(key)
+        try:
+            yield
+        finally:
+            _LOCKED.discard(key)
+    finally:
+        os.close(fd)          # releases the lock
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str = "checkpoint",
+                 need_bytes: int | None = None) -> None:
     """Call ``write(file)`` on a temporary file, then atomically move it to ``path``.
 
     An OSError (read-only directory, full disk, quota) becomes a
     :class:`CheckpointError` that names ``what``, the path and the fix; the
-    temporary file is removed and the previous ``path`` is untouched.
+    temporary file is removed and the previous ``path`` is untouched. So does
+    any other error while the disk is full: ``torch.save`` reports ENOSPC as
+    ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
+    pos``, which the example's ``except CheckpointError`` missed; the message
+    gives ``need_bytes`` (the adapter's estimate) against the free space.
+    One process writes into a directory at a time (:func:`one_writer`).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
-        remove_leftovers(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise CheckpointError(_cannot_write(path, exc, what)) from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
+    with one_writer(directory, path, what):
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
+            remove_leftovers(path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        except OSError as exc:
             raise CheckpointError(_cannot_write(path, exc, what)) from exc
-        raise
-    # Make the rename itself durable.
-    dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:
+            written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            if isinstance(exc, OSError):
+                raise CheckpointError(_cannot_write(path, exc, what)) from exc
+            if isinstance(exc, Exception) and _disk_full(directory, written):
+                raise CheckpointError(_disk_filled(path, what, written, need_bytes, directory)) from exc
+            raise
+        # Make the rename itself durable.
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _disk_full(directory: str, written: int) -> bool:
+    """After a failed write: was the file system full? (Less free than a block-sized margin, the tmp removed.)"""
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return False
+    return free - written < 1 << 20
+
+
+def _disk_filled(path: str, what: str, written: int, need_bytes: int | None, directory: str) -> str:
+    free = shutil.disk_usage(directory).free
+    need = f"; this {what} needs about {format_bytes(need_bytes)}" if need_bytes else ""
+    return (f"cannot write {what} {path!r}: the disk filled up after {format_bytes(written)} ({format_bytes(free)} "
+            f"free now{need}): free space there or save elsewhere; the previous {what} is untouched")
 
 
 def _cannot_write(path: str, exc: OSError, what: str = "checkpoint") -> str:
@@ -123,12 +191,15 @@ def writable_free_bytes(directory: str) -> int:
     return shutil.disk_usage(directory).free
 
 
-def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:
+def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int | None = None,
+                   suffix: str = "") -> str | None:
     """None when a checkpoint of about ``need_bytes`` can be saved at ``path``; else the one-line reason and fix.
 
     Creates the directory, writes and removes a probe file, and compares the
     free space with ``need_bytes``: run it before training, not after the
-    first epoch.
+    first epoch. With ``keep_last`` (a directory) the budget is what the
+    directory will hold: ``keep_last`` checkpoints and the one being written,
+    less those already there (counted with ``suffix``).
     """
     path = os.fspath(path)
     directory = path if is_directory_target(path) else os.path.dirname(os.path.abspath(path))
@@ -136,9 +207,15 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0) -> str | None:
         free = writable_free_bytes(directory)
     except OSError as exc:
         return _cannot_write(path, exc).replace("; the previous checkpoint is untouched", "")
-    if need_bytes and free < need_bytes:
-        return (f"checkpoint directory {directory!r} has {format_bytes(free)} free but a checkpoint of this model "
-                f"needs about {format_bytes(need_bytes)}: free space there or choose another --checkpoint path")
+    copies, what = 1, "a checkpoint of this model needs"
+    if keep_last and is_directory_target(path):
+        there = min(len(CheckpointDir(directory, suffix).checkpoints()), keep_last) if suffix else 0
+        copies = keep_last + 1 - there
+        what = (f"keep_last={keep_last} checkpoints of this model need ({keep_last} kept and the one being "
+                f"written{f', {there} already there' if there else ''}: {copies} x {format_bytes(need_bytes)})")
+    if need_bytes and free < need_bytes * copies:
+        return (f"checkpoint directory {directory!r} has {format_bytes(free)} free but {what} about "
+                f"{format_bytes(need_bytes * copies)}: free space there or choose another --checkpoint path")
     return None
 
 
@@ -164,18 +241,29 @@ def verify_legacy_checksum(path: str) -> str | None:
     return None if file_sha256(path) == expected else "checksum mismatch with its .sha256 (the file is damaged)"
 
 
-def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], None],
+                          need_bytes: int | None = None) -> None:
     """Atomic write of a self-verifying checkpoint; a stale legacy ``.sha256`` beside it is removed.
 
     The legacy sidecar is only read for older-format files, so a crash between
     the rename and its removal leaves nothing that blocks a resume.
     """
     path = os.fspath(path)
-    atomic_write(path, write)
+    atomic_write(path, write, need_bytes=need_bytes)
+    _KNOWN_GOOD[os.path.realpath(path)] = _stamp(path)
     try:
         os.unlink(path + LEGACY_CHECKSUM_SUFFIX)
     except FileNotFoundError:
         pass
+
+
+# Checkpoints this process wrote or verified, by (size, mtime): pruning trusts them without reading them again.
+_KNOWN_GOOD: dict[str, tuple[int, int]] = {}
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 @dataclass
@@ -195,11 +283,13 @@ class CheckpointDir:
         chosen = ckpts.select(load=read_and_verify)                   # newest that loads and verifies
     """
 
-    def __init__(self, directory: str | os.PathLike, suffix: str, prefix: str = "ckpt", keep_last: int | None = None):
+    def __init__(self, directory: str | os.PathLike, suffix: str, prefix: str = "ckpt", keep_last: int | None = None,
+                 verify: Callable[[str], Any] | None = None):
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}: keep at least the newest checkpoint")
         self.directory = os.fspath(directory)
         self.prefix, self.suffix, self.keep_last = prefix, suffix, keep_last
+        self.verify = verify            # the adapter's read-and-verify: raises on a damaged checkpoint
         self._pattern = re.compile(rf"^{re.escape(prefix)}-(\d+){re.escape(suffix)}$")
 
     def path_for(self, step: int) -> str:
@@ -214,11 +304,16 @@ class CheckpointDir:
                 found.append((int(match.group(1)), path))
         return [p for _, p in sorted(found, reverse=True)]
 
-    def save(self, step: int, write: Callable[[BinaryIO], None]) -> str:
+    def save(self, step: int, write: Callable[[BinaryIO], None], need_bytes: int | None = None) -> str:
         path = self.path_for(step)
-        self.remove_leftovers()
-        write_checkpoint_file(path, write)
-        self.prune()
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(_cannot_write(path, exc)) from exc
+        with one_writer(self.directory, path):    # leftovers of any step are removed: one writer at a time
+            self.remove_leftovers()
+            write_checkpoint_file(path, write, need_bytes)
+            self.prune()
         return path
 
     def remove_leftovers(self) -> list[str]:
@@ -234,10 +329,22 @@ class CheckpointDir:
         return removed
 
     def prune(self) -> list[str]:
-        """Delete all but the newest ``keep_last`` checkpoints (and any legacy checksum files)."""
+        """Keep the newest ``keep_last`` checkpoints that verify; delete the rest (and legacy checksum files).
+
+        A damaged checkpoint does not count: saving step 12 beside a good 5 and
+        a damaged 9 with ``keep_last=2`` kept the damaged 9 and deleted 5, the
+        only good checkpoint before 12. Each file is read to verify it at most
+        once a process (those this process wrote are known good), and only
+        until ``keep_last`` good ones are found.
+        """
         if self.keep_last is None:
             return []
-        removed = self.checkpoints()[self.keep_last:]
+        kept, removed = 0, []
+        for path in self.checkpoints():
+            if kept < self.keep_last and self._good(path):
+                kept += 1
+            else:
+                removed.append(path)
         for path in removed:
             for p in (path, path + LEGACY_CHECKSUM_SUFFIX):
                 try:
@@ -245,6 +352,18 @@ class CheckpointDir:
                 except FileNotFoundError:
                     pass
         return removed
+
+    def _good(self, path: str) -> bool:
+        if self.verify is None or _KNOWN_GOOD.get(os.path.realpath(path)) == _stamp(path):
+            return True
+        try:
+            self.verify(path)
+        except Exception as exc:  # noqa: BLE001 - any failure to read and verify makes it unusable
+            log.warning("removing damaged checkpoint %s (%s): it does not count towards keep_last", path,
+                        str(exc)[:200])
+            return False
+        _KNOWN_GOOD[os.path.realpath(path)] = _stamp(path)
+        return True
 
     def select(self, load: Callable[[str], Any]) -> Selection:
         """The newest checkpoint that ``load`` reads and verifies; warns for each newer one skipped.
@@ -309,16 +428,22 @@ def is_directory_target(path: str | os.PathLike) -> bool:
 
 
 def save_to(path: str | os.PathLike, write: Callable[[BinaryIO], None], suffix: str,
-            step: int | None, keep_last: int | None) -> str:
-    """Save to a file, or into a checkpoint directory as ``ckpt-<step>``; ``write`` embeds the digest."""
+            step: int | None, keep_last: int | None, verify: Callable[[str], Any] | None = None,
+            need_bytes: int | None = None) -> str:
+    """Save to a file, or into a checkpoint directory as ``ckpt-<step>``; ``write`` embeds the digest.
+
+    ``verify(path)`` reads and verifies an older checkpoint, so keep-last-N
+    never counts a damaged one; ``need_bytes`` (an estimate of the file's
+    size) goes into the message when the disk fills up mid-save.
+    """
     if is_directory_target(path):
         if step is None:
             raise CheckpointError(f"{os.fspath(path)!r} is a directory: pass step= (e.g. the epoch) to name the "
                                   "checkpoint")
-        return CheckpointDir(path, suffix, keep_last=keep_last).save(step, write)
+        return CheckpointDir(path, suffix, keep_last=keep_last, verify=verify).save(step, write, need_bytes)
     if keep_last is not None:
         raise CheckpointError("keep_last needs a checkpoint directory: pass a path ending in '/'")
-    write_checkpoint_file(path, write)
+    write_checkpoint_file(path, write, need_bytes)
     return os.fspath(path)
 
 
@@ -341,14 +466,14 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
 
 
 def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], backend: Backend,
-                  root_rank: int = 0) -> None:
+                  root_rank: int = 0, keep_last: int | None = None, suffix: str = "") -> None:
     """The root runs :func:`check_writable` and a broadcast through ``backend`` hands every rank the verdict.
 
     Every rank raises the same :class:`CheckpointError` when the place is
     unusable. ``need_bytes()`` (the checkpoint's estimated size) runs on the
     root only.
     """
-    problem = check_writable(path, need_bytes()) if backend.hvd.rank() == root_rank else None
+    problem = check_writable(path, need_bytes(), keep_last, suffix) if backend.hvd.rank() == root_rank else None
     problem = backend.broadcast_object(problem, root_rank, name="hvdkit.check_checkpoint_path")
     if problem is not None:
         raise CheckpointError(problem)

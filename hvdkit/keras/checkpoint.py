@@ -75,7 +75,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
     arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    save_to(path, lambda f: np.savez(f, **arrays), ".npz", step, keep_last)
+    save_to(path, lambda f: np.savez(f, **arrays), ".npz", step, keep_last, verify=_read,
+            need_bytes=sum(a.nbytes for a in arrays.values()))
     return True
 
 
@@ -93,7 +94,7 @@ def _read(path: str) -> dict:
     return body
 
 
-def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -> None:
+def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None, keep_last: int | None = None) -> None:
     """Before training: rank 0 checks a checkpoint can be written at ``path``; every rank raises if not.
 
     As :func:`hvdkit.torch.check_checkpoint_path`; :func:`hvdkit.keras.callbacks`
@@ -106,7 +107,7 @@ def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None) -
                    for v in model.variables)      # from the shapes: no copy off the device
         return size * (3 if optimizer is not None else 1)    # room for an Adam-like optimizer's two moments
 
-    check_on_root(path, need, backend())
+    check_on_root(path, need, backend(), keep_last=keep_last, suffix=".npz")
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0, *,

@@ -92,8 +92,20 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     if step is not None:
         state["extra"] = {"step": step, **extra}
     state[DIGEST_KEY] = content_digest(state, tensor_bytes)
-    save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last)
+    save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last, verify=_read,
+            need_bytes=_tensor_bytes(state))
     return True
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of every tensor in a nested state: about a torch.save file's size."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def _read(path: str) -> dict:
@@ -108,13 +120,14 @@ def _read(path: str) -> dict:
 
 
 def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None = None,
-                          optimizer: torch.optim.Optimizer | None = None) -> None:
+                          optimizer: torch.optim.Optimizer | None = None, keep_last: int | None = None) -> None:
     """Before training: rank 0 checks a checkpoint can be written at ``path``; every rank raises if not.
 
     Catches a read-only, unwritable or full checkpoint place at start-up
     instead of after the first epoch. With ``model`` the free space is
     compared with the checkpoint's estimated size: the model's tensors, times 3
-    with an ``optimizer`` (room for Adam's two moments).
+    with an ``optimizer`` (room for Adam's two moments), and with ``keep_last``
+    (a directory) times the checkpoints the directory will hold.
 
     Example::
 
@@ -127,7 +140,7 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
                    if torch.is_tensor(t))
         return size * (3 if optimizer is not None else 1)
 
-    check_on_root(path, need, context.backend(ADAPTER))
+    check_on_root(path, need, context.backend(ADAPTER), keep_last=keep_last, suffix=".pt")
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,

@@ -141,3 +141,81 @@ def test_directory_needs_a_step_and_keep_last_needs_a_directory(tmp_path):
         save_to(str(tmp_path) + "/", writer("state"), ".txt", step=None, keep_last=None)
     with pytest.raises(CheckpointError, match="keep_last needs a checkpoint directory"):
         save_to(str(tmp_path / "f.txt"), writer("state"), ".txt", step=None, keep_last=2)
+
+
+def test_keep_last_never_counts_a_damaged_checkpoint(tmp_path, caplog):
+    # Issue 34, case 5: step 12 saved beside a good 5 and a damaged 9 with keep_last=2 kept the damaged 9 and
+    # deleted 5, the only good checkpoint before 12.
+    (tmp_path / "ckpt-00000005.txt").write_text("state 5")
+    (tmp_path / "ckpt-00000009.txt").write_text("garbage")
+    with caplog.at_level(logging.WARNING, logger="hvdkit.checkpoint"):
+        CheckpointDir(tmp_path, ".txt", keep_last=2, verify=read_text).save(12, writer("state 12"))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000005.txt", "ckpt-00000012.txt"]
+    assert "removing damaged checkpoint" in caplog.text and "ckpt-00000009.txt" in caplog.text
+
+
+def test_keep_last_reads_an_older_checkpoint_once_a_process(tmp_path):
+    reads = []
+
+    def counting(path):
+        reads.append(os.path.basename(path))
+        return read_text(path)
+
+    (tmp_path / "ckpt-00000001.txt").write_text("state 1")       # written by an earlier process
+    d = CheckpointDir(tmp_path, ".txt", keep_last=3, verify=counting)
+    for step in (2, 3, 4, 5):
+        d.save(step, writer(f"state {step}"))
+    assert reads == ["ckpt-00000001.txt"], "files this process wrote, or verified once, are not read again"
+
+
+def test_torchs_disk_full_error_becomes_a_checkpoint_error_naming_the_space(tmp_path, monkeypatch):
+    # Issue 34, case 4: torch.save reports ENOSPC as a RuntimeError ("[enforce fail at inline_container.cc:672]
+    # . unexpected pos"), which got past the example's `except CheckpointError`.
+    import shutil
+
+    path = tmp_path / "model.txt"
+    path.write_text("state 1")
+
+    def full_disk(f):
+        f.write(b"x" * 4096)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4096 vs 4032")
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage._replace(free=4096))   # as full as a real one
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*model.txt': the disk filled up after 4 "
+                                              r"KiB \(4 KiB free now; this checkpoint needs about 1 MiB\): free "
+                                              r"space there or save elsewhere; the previous checkpoint is untouched"):
+        atomic_write(path, full_disk, need_bytes=2**20)
+    assert path.read_text() == "state 1" and os.listdir(tmp_path) == ["model.txt"]
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="enforce fail"):     # with room to spare it is not a full disk
+        atomic_write(path, full_disk)
+
+
+def test_check_writable_budgets_keep_last_checkpoints_and_the_one_being_written(tmp_path):
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    ckpts = str(tmp_path / "ckpts") + "/"
+    assert check_writable(ckpts, need_bytes=free // 3) is None                  # one checkpoint fits
+    problem = check_writable(ckpts, need_bytes=free // 3, keep_last=3, suffix=".pt")
+    assert "keep_last=3 checkpoints of this model need (3 kept and the one being written: 4 x" in problem
+
+
+def test_a_second_writer_into_the_same_place_is_named(tmp_path):
+    # Issue 34, case 6: two writers deleted each other's temporary files; half the saves failed with
+    # "No such file or directory: check the path".
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+                               "time.sleep(30)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=r"another process is saving into .* right now, so checkpoint "
+                                                  r".*model.txt' was not written: two jobs"):
+            atomic_write(tmp_path / "model.txt", writer("state 1"))
+    finally:
+        holder.kill()
+        holder.wait()
+    atomic_write(tmp_path / "model.txt", writer("state 2"))      # the lock went with its process
+    assert (tmp_path / "model.txt").read_text() == "state 2"
