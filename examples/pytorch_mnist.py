@@ -94,7 +94,7 @@ def main():
     start_epoch, start_sample = 0, 0
     if checkpoint:
         try:  # hvdkit: a read-only or full checkpoint directory stops the job now, not after an epoch
-            hk.check_checkpoint_path(checkpoint, model, optimizer)
+            hk.check_checkpoint_path(checkpoint, model, optimizer, keep_last=3 if args.checkpoint_dir else None)
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
     if args.resume and checkpoint:

@@ -101,7 +101,8 @@ def small_mount(tmp_path):
 
 @pytest.mark.parametrize("options, words", [
     ("ro,size=1m", "Read-only file system (errno 30): save to a writable file system"),
-    ("size=64k", "has 64 KiB free but a checkpoint of this model needs about"),
+    ("size=64k", "has 64 KiB free but keep_last=3 checkpoints of this model need (3 kept and the one being written: "
+                 "4 x"),
 ])
 def test_an_unusable_checkpoint_directory_stops_the_job_before_training(small_mount, options, words):
     """Before: the job trained an epoch, then every rank printed a raw OSError traceback."""
@@ -112,6 +113,19 @@ def test_an_unusable_checkpoint_directory_stops_the_job_before_training(small_mo
     assert words in proc.stdout, proc.stdout[-3000:]
     assert "train loss" not in proc.stdout, "no epoch may run"
     assert not re.search(r"\[\d+\]<stderr>:Traceback", proc.stdout), "the ranks print one line, no traceback"
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_a_disk_that_fills_during_a_torch_save_is_one_checkpoint_error(small_mount, tmp_path, launch, controller):
+    """Issue 34, case 4: torch.save wraps ENOSPC in `RuntimeError: [enforce fail at inline_container.cc:672] .
+    unexpected pos ...`, which the example's `except hk.CheckpointError` missed: a traceback on rank 0."""
+    mount = small_mount("size=8m")
+    r0, r1 = launch(2, "torch_disk_full.py", "--ckpt", str(mount / "ckpt.pt"), controller=controller)
+    assert r0["size"] == r1["size"] == 2 and r1["error"] is None
+    assert r0["error"].startswith(f"CheckpointError: cannot write checkpoint '{mount / 'ckpt.pt'}': the disk filled "
+                                  "up after "), r0["error"]
+    assert "this checkpoint needs about 4 MiB): free space there or save elsewhere" in r0["error"], r0["error"]
+    assert r0["files"] == ["filler"], "no checkpoint and no temporary file is left"
 
 
 def test_the_rank_that_failed_first_is_named_not_the_one_reaped_first(tmp_path):

@@ -1,0 +1,33 @@
+"""Worker: the checkpoint's disk fills up from elsewhere after the pre-flight check; rank 0's save must fail with
+one CheckpointError naming the space, not torch's RuntimeError (issue 34, case 4)."""
+
+import argparse
+import os
+import shutil
+
+import torch
+from rank_results import write_result
+
+import hvdkit.torch as hk
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--ckpt", required=True)
+args = p.parse_args()
+
+ctx = hk.init(seed=0, threads=1)
+model = torch.nn.Linear(1024, 1024)                          # 4 MiB of weights
+optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+hk.broadcast_state(model, optimizer)
+hk.check_checkpoint_path(args.ckpt, model)                   # passes: the disk is still empty
+if ctx.is_main:                                              # another job fills the disk, leaving 1 MiB
+    directory = os.path.dirname(args.ckpt)
+    with open(os.path.join(directory, "filler"), "wb") as f:
+        f.write(b"\0" * (shutil.disk_usage(directory).free - 2**20))
+error = None
+try:
+    hk.save_checkpoint(args.ckpt, model, optimizer)
+except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+    error = f"{type(exc).__name__}: {exc}"
+write_result(args.out, ctx.rank, {"size": ctx.size, "error": error,
+                                  "files": sorted(os.listdir(os.path.dirname(args.ckpt)))})
