@@ -95,6 +95,13 @@ def one_writer(directory: str, path: str, what: str = "checkpoint") -> Iterator[
                 f"another process is saving into {directory!r} right now, so {what} {path!r} was not written: two "
                 "jobs (or two ranks of one) save to the same place; give each job its own path (hvdkit's "
                 "save_checkpoint writes on rank 0 only)") from None
+        except OSError as exc:
+            # NFS emulates flock with POSIX locks, and an exclusive one needs a descriptor open for writing,
+            # which a directory cannot have (EBADF); some file systems have no locks (ENOLCK, ENOTSUP).
+            # Save unlocked there, as before, rather than not at all.
+            log.debug("no writer's lock on %s (%s): saving without it", directory, exc)
+            yield
+            return
         _LOCKED.add(key)
         try:
             yield
