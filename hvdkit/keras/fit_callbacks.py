@@ -77,10 +77,17 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
     if check_finite:
         out.append(classes["StopOnNonFiniteLoss"]())  # one small allreduce a batch (hvdkit/keras/nonfinite.py)
+    writers = tuple(getattr(keras_module(ctx.backend).callbacks, name) for name in RANK0_ONLY
+                    if hasattr(keras_module(ctx.backend).callbacks, name))
     for cb in user_callbacks:
-        if ctx.rank != root_rank and type(cb).__name__ in RANK0_ONLY:
+        # Subclasses too: a user's ModelCheckpoint subclass on every rank wrote one file from all of them.
+        if ctx.rank != root_rank and (isinstance(cb, writers) or type(cb).__name__ in RANK0_ONLY):
             continue
         out.append(cb)
+    # Last: no rank returns from fit before every callback finished on every rank, so a file that rank 0's
+    # ModelCheckpoint wrote at the last epoch's end is complete when any rank reads it after fit (rank 1 read
+    # it half-written: "BlockingIOError: unable to lock file").
+    out.append(classes["TrainEndBarrier"]())
     return out
 
 
@@ -96,7 +103,8 @@ def _callback_classes(mode: str) -> dict[str, type]:
                           "LearningRateWarmup": _learning_rate_warmup(keras),
                           "PreemptionCheckpoint": _preemption_checkpoint(keras),
                           "StragglerReport": straggler_report(keras, backend),
-                          "StopOnNonFiniteLoss": nonfinite_loss_callback(keras, backend)}
+                          "StopOnNonFiniteLoss": nonfinite_loss_callback(keras, backend),
+                          "TrainEndBarrier": _train_end_barrier(keras, backend)}
     return _CLASSES[mode]
 
 
@@ -177,6 +185,17 @@ def _fit_inputs(model):
 
 def _leaves(x) -> list:
     return list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _train_end_barrier(keras, backend) -> type:
+    class TrainEndBarrier(keras.callbacks.Callback):
+        """At the end of fit, after every other callback: wait until every rank is there (one tiny allreduce)."""
+
+        def on_train_end(self, logs=None):
+            if current().size > 1:
+                backend.allreduce_floats([0.0], "sum", name="hvdkit.train_end")
+
+    return TrainEndBarrier
 
 
 def _metric_average(keras, backend) -> type:

@@ -120,11 +120,14 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         return base.apply(self, reduced, trainable_variables)
 
     # Swap the class in place: the optimizer keeps its config, variables and
-    # (for LossScaleOptimizer) its inner optimizer.
-    optimizer.__class__ = type(f"Distributed{base.__name__}", (base,),
+    # (for LossScaleOptimizer) its inner optimizer. The subclass takes the base's
+    # name and module, so Keras serializes it as the plain optimizer: a .keras file
+    # saved under hvdkit (model.save, ModelCheckpoint) loads with keras.models.load_model
+    # in a process without hvdkit. As "DistributedAdam" of hvdkit.keras.optimizer it
+    # failed there: "Could not locate class 'DistributedAdam'".
+    optimizer.__class__ = type(base.__name__, (base,),
                                {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
-                                "_hvdkit_op": op,
-                                "__module__": __name__})
+                                "_hvdkit_op": op, "__module__": base.__module__, "__qualname__": base.__qualname__})
     return optimizer
 
 

@@ -78,10 +78,10 @@ def test_warmup_schedule_and_metric_averaging(launch, mode):
     expected = [warmup_lr(i, steps, target / 2, target) for i in range(2 * steps)]
     for r in (r0, r1):
         assert r["lrs"] == pytest.approx(expected, rel=1e-6), "per-batch warmup from lr/size to lr over 1 epoch"
-    # hvdkit's callbacks first, in order; file writers (here CSVLogger) on rank 0 only.
+    # hvdkit's callbacks first, in order; file writers (here CSVLogger) on rank 0 only; the barrier at the end.
     ours = ["BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "StragglerReport", "StopOnNonFiniteLoss"]
-    assert r0["callbacks"] == [*ours, "RecordLR", "CSVLogger"]
-    assert r1["callbacks"] == [*ours, "RecordLR"]
+    assert r0["callbacks"] == [*ours, "RecordLR", "CSVLogger", "TrainEndBarrier"]
+    assert r1["callbacks"] == [*ours, "RecordLR", "TrainEndBarrier"]
     # fit's reported metrics are the mean of the ranks' own values, on every rank.
     assert r0["local"][0]["loss"] != r1["local"][0]["loss"]
     for epoch in range(2):
@@ -223,3 +223,23 @@ def test_unsharded_shuffled_data_is_warned_about_with_the_fix(launch, mode, case
     hints = [w for w in r0["warnings"] if w.startswith("hvdkit: ") and "hk.shard_arrays" in w]
     assert len(hints) == (1 if warned else 0), r0["warnings"]
     assert r1["warnings"] == [], "rank 0 alone says it"
+
+
+@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
+def test_a_keras_file_saved_under_hvdkit_loads_on_every_rank_and_in_plain_keras(launch, tmp_path, mode):
+    """Issue 34, case 7: the README's ModelCheckpoint("best.keras") wrote a file that plain Keras could not load
+    ("Could not locate class 'DistributedAdam'"), and rank 1 read it after fit while rank 0 was still writing."""
+    path = tmp_path / "best.keras"
+    r0, r1 = launch(2, "keras_saved_model.py", "--mode", mode, "--path", str(path), timeout=240)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["callbacks"].count("SlowCheckpoint") == 1 and "SlowCheckpoint" not in r1["callbacks"], \
+        "a ModelCheckpoint subclass runs on rank 0 only"
+    for r in (r0, r1):
+        assert r["error"] is None and r["exists_after_fit"] and r["same_weights"], r
+    code = ("import keras, sys; m = keras.models.load_model(sys.argv[1]); "
+            "print(type(m.optimizer).__name__, type(m.optimizer).__module__, 'hvdkit' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                          env=job_env(KERAS_BACKEND=mode))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    name, module, hvdkit_imported = proc.stdout.split()[-3:]     # Keras's own Adam (per backend), no hvdkit
+    assert name == "Adam" and module.startswith("keras.src.") and hvdkit_imported == "False", proc.stdout
