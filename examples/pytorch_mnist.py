@@ -54,7 +54,8 @@ def parse_args():
     where.add_argument("--checkpoint-dir", metavar="DIR",
                        help="save after every epoch as DIR/ckpt-<step>.pt, keeping the newest 3")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint (in --checkpoint-dir: the newest good one)")
+                   help="continue from the checkpoint if there is one yet (in --checkpoint-dir: the newest good "
+                        "one), so a requeued job always passes it")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
@@ -91,7 +92,7 @@ def main():
     optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
     # hvdkit: from rate/size up to the scaled rate over the first epochs
     scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
-    start_epoch, start_sample = 0, 0
+    start_epoch, start_sample, extra = 0, 0, None
     if checkpoint:
         try:  # hvdkit: a read-only or full checkpoint directory stops the job now, not after an epoch
             hk.check_checkpoint_path(checkpoint, model, optimizer, keep_last=3 if args.checkpoint_dir else None)
@@ -99,14 +100,17 @@ def main():
             raise SystemExit(f"error: {exc}") from None
     if args.resume and checkpoint:
         try:  # hvdkit: rank 0 reads, all load; on another -np the rates are rescaled as scale_lr would
-            extra = hk.load_checkpoint(checkpoint, model, optimizer, scheduler=scheduler)
+            extra = hk.load_checkpoint(checkpoint, model, optimizer, scheduler=scheduler, missing_ok=True)
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
+    if extra is not None:
         # Saved at an epoch's end, or mid-epoch when the job was preempted.
         start_epoch, start_sample = extra["epoch"], extra["samples"]
         if start_sample >= len(train_set):
             start_epoch, start_sample = start_epoch + 1, 0
     else:
+        if args.resume and ctx.is_main:
+            log.info(f"no checkpoint in {checkpoint} yet: starting from scratch")
         hk.broadcast_state(model, optimizer)  # hvdkit: everyone starts from rank 0's weights
     # hvdkit: with a checkpoint, SIGTERM/SIGUSR1 on any rank (a cluster's preemption notice) means:
     # checkpoint after the current step on every rank, then exit 75 so the job can be requeued and --resume.

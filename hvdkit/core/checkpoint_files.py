@@ -486,17 +486,31 @@ def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], backen
         raise CheckpointError(problem)
 
 
+def has_checkpoint(path: str | os.PathLike, suffix: str) -> bool:
+    """Whether ``path`` holds something to resume from: the file, or a directory's ``ckpt-<step>`` files."""
+    path = os.fspath(path)
+    if is_directory_target(path):
+        return bool(CheckpointDir(path, suffix).checkpoints())
+    return os.path.exists(path)
+
+
 def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: str, backend: Backend,
-                 root_rank: int = 0) -> Any:
+                 root_rank: int = 0, missing_ok: bool = False) -> Any:
     """The root reads the checkpoint (:func:`read_from`) and a broadcast through ``backend`` hands out its payload.
 
     A failure travels in the same broadcast, so every rank raises the same
-    :class:`CheckpointError` and none is left waiting for a payload.
+    :class:`CheckpointError` and none is left waiting for a payload. With
+    ``missing_ok`` an absent checkpoint (no file, or a directory without
+    checkpoints: a requeued job's first run) gives None on every rank; a
+    damaged one still raises.
     """
     message = None
     if backend.hvd.rank() == root_rank:
         try:
-            message = ("ok", read_from(path, read, suffix)[1])
+            if missing_ok and not has_checkpoint(path, suffix):
+                message = ("missing", None)
+            else:
+                message = ("ok", read_from(path, read, suffix)[1])
         except CheckpointError as exc:
             message = ("error", str(exc))
     status, body = backend.broadcast_object(message, root_rank, name="hvdkit.checkpoint")

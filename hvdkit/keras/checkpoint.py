@@ -111,17 +111,19 @@ def check_checkpoint_path(path: str | os.PathLike, model=None, optimizer=None, k
 
 
 def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: int = 0, *,
-                    on_resize: str = "rescale") -> dict:
+                    on_resize: str = "rescale", missing_ok: bool = False) -> dict | None:
     """Rank ``root_rank`` reads ``path``; every rank assigns the same variables, by name. Returns ``extra``.
 
     A variable the checkpoint lacks, one it has that the model lacks, or one
     of another shape raises :class:`CheckpointError` naming it (on every rank).
     A checkpoint of another world size resumes with the learning rate
     ``scale_lr`` gives for this one (``on_resize="error"`` refuses it), as in
-    :func:`hvdkit.torch.load_checkpoint`.
+    :func:`hvdkit.torch.load_checkpoint` (also ``missing_ok``).
     """
     ctx = current()
-    body = read_on_root(path, _read, ".npz", backend(), root_rank)
+    body = read_on_root(path, _read, ".npz", backend(), root_rank, missing_ok=missing_ok)
+    if body is None:
+        return None
     header, where = body["header"], os.fspath(path)
     for part, target in (("model", model), ("optimizer", optimizer)):
         if target is None:

@@ -145,7 +145,7 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0, *, scheduler=None,
-                    on_resize: str = "rescale") -> dict:
+                    on_resize: str = "rescale", missing_ok: bool = False) -> dict | None:
     """Rank ``root_rank`` reads ``path``; every rank loads the same model/optimizer (and scheduler) state.
 
     A checkpoint written by a job of another size resumes with the learning
@@ -153,6 +153,8 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     and the scheduler's base rates (:func:`hvdkit.core.lr.resume_lr_factor`);
     ``on_resize="error"`` refuses it instead. Continue the data with the
     sampler's ``set_epoch(epoch, start_sample=...)`` from the position saved.
+    ``missing_ok=True`` returns None on every rank when there is nothing to
+    resume from yet (a requeued job's first run), and loads nothing.
 
     ``path`` is a file or a checkpoint directory (the newest checkpoint whose
     checksum verifies and which loads; older ones are tried with a warning).
@@ -160,7 +162,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
     is left waiting in a broadcast).
     """
-    body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank)
+    body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank, missing_ok=missing_ok)
+    if body is None:
+        return None
     try:
         plain_module(model).load_state_dict(body["model"])
     except RuntimeError as exc:         # torch names the missing, unexpected and reshaped keys

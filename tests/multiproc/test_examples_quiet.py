@@ -17,7 +17,9 @@ ELASTIC = ["-np", "2", "--min-np", "1", "--max-np", "2", "--network-interface", 
            "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh")]
 RUNS = {  # id: (example, its arguments, elastic launch)
     "pytorch_mnist": ("pytorch_mnist.py", ["--epochs", "2"], False),
-    "pytorch_mnist-checkpoint": ("pytorch_mnist.py", ["--epochs", "1", "--checkpoint-dir", "{tmp}/ckpt/"], False),
+    # --resume with nothing to resume yet (a requeued job's first run) starts from scratch
+    "pytorch_mnist-checkpoint": ("pytorch_mnist.py", ["--epochs", "1", "--checkpoint-dir", "{tmp}/ckpt/", "--resume"],
+                                 False),
     "keras_mnist-tensorflow": ("keras_mnist.py", ["--backend", "tensorflow", "--epochs", "2"], False),
     "keras_mnist-torch": ("keras_mnist.py", ["--backend", "torch", "--epochs", "2"], False),
     "keras_mnist-tf_keras": ("keras_mnist.py", ["--backend", "tf_keras", "--epochs", "2"], False),
