@@ -5,6 +5,58 @@
 #                 /root/.ssh/authorized_keys the MPI Operator mounts (sshAuthMountPath)
 #   anything else run it (e.g. hvdkit launch ..., hvdkit env, python train.py)
 set -euo pipefail
+
+# The ranks this container runs: processes under this one (sshd's sessions, Open MPI's orted) whose
+# environment holds a rank, set by horovodrun (HOROVOD_RANK) or Open MPI (OMPI_COMM_WORLD_RANK).
+ranks() {
+  local -A children=()
+  local stat line pid rest queue=("$$") found=()
+  for stat in /proc/[0-9]*/stat; do
+    read -r line < "$stat" 2>/dev/null || continue
+    pid=${line%% *}
+    rest=${line##*) }                   # after "pid (comm) ": state ppid ...
+    read -r _ ppid _ <<< "$rest"
+    children[$ppid]+=" $pid"
+  done
+  while [ ${#queue[@]} -gt 0 ]; do
+    pid=${queue[0]}
+    queue=("${queue[@]:1}")
+    for child in ${children[$pid]:-}; do
+      queue+=("$child")
+      if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qE '^(HOROVOD_RANK|OMPI_COMM_WORLD_RANK)='; then
+        found+=("$child")
+      fi
+    done
+  done
+  echo "${found[@]:-}"
+}
+
+# A pod's eviction or deletion sends SIGTERM to PID 1 alone. sshd as PID 1 exited on it without
+# passing it on, and the kernel then SIGKILLed every rank: hvdkit's PreemptionGuard never saw it and
+# no checkpoint was written. Here PID 1 passes SIGTERM to the ranks, waits for them to checkpoint
+# and exit (HVDKIT_STOP_GRACE_S, default 25 s: inside Kubernetes' default 30 s grace period), then
+# stops sshd.
+stop() {
+  local pids deadline alive pid
+  read -r -a pids <<< "$(ranks)"
+  echo "hvdkit-entrypoint: $1: passing it to ${#pids[@]} rank(s)${pids[*]:+: ${pids[*]}}" >&2
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+  fi
+  deadline=$((SECONDS + ${HVDKIT_STOP_GRACE_S:-25}))
+  while [ $SECONDS -lt $deadline ]; do
+    alive=0
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+    done
+    [ $alive = 0 ] && break
+    sleep 0.2
+  done
+  kill -TERM "$sshd_pid" 2>/dev/null || true
+  wait "$sshd_pid" 2>/dev/null || true
+  exit 0
+}
+
 if [ "${1:-}" = "sshd" ]; then
   ssh-keygen -A >/dev/null
   if [ -f /keys/id_ed25519.pub ]; then
@@ -13,6 +65,12 @@ if [ "${1:-}" = "sshd" ]; then
     echo "hvdkit-entrypoint: error: no client key: mount the keygen volume at /keys (docker compose up keygen), or run under the MPI Operator, which mounts /root/.ssh/authorized_keys" >&2
     exit 1
   fi
-  exec /usr/sbin/sshd -D -e
+  /usr/sbin/sshd -D -e &
+  sshd_pid=$!
+  trap 'stop SIGTERM' TERM
+  trap 'stop SIGINT' INT
+  set +e
+  wait "$sshd_pid"
+  exit $?
 fi
 exec "$@"

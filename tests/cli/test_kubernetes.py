@@ -161,3 +161,18 @@ def test_broken_manifests_are_rejected(validator, breakage, expect):
         assert schema_errors
     else:
         assert not schema_errors and hvdkit_errors(job)
+
+
+def test_static_job_checkpoints_where_an_evicted_pod_leaves_it_and_resumes():
+    """Issue 34, case 8: the manifest mounted no checkpoint volume and passed no --resume, so an evicted
+    job restarted from scratch; the grace period must leave the entrypoint's wait for the ranks room."""
+    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "mpijob.yaml").read_text())
+    args = launcher_args(job)
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in worker["containers"][0]["volumeMounts"]}
+    claims = [v for v in worker["volumes"] if "persistentVolumeClaim" in v]
+    assert [v["name"] for v in claims] == ["checkpoints"]
+    ckpt = args[args.index("--checkpoint-dir") + 1]
+    assert ckpt.startswith(mounts["checkpoints"] + "/") and ckpt.endswith("/") and "--resume" in args
+    grace = {e["name"]: e["value"] for e in worker["containers"][0]["env"]}["HVDKIT_STOP_GRACE_S"]
+    assert int(grace) + 5 <= worker["terminationGracePeriodSeconds"]
