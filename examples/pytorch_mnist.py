@@ -65,8 +65,10 @@ def save(path, numbered, model, optimizer, scheduler, epoch, samples, epoch_size
     # ckpt-<samples since the start>.pt, the newest 3: the name grows whatever the number of processes
     steps = dict(step=epoch * epoch_size + samples, keep_last=3) if numbered else {}
     try:
+        # The random generator's state too (dropout): every rank has the same one (init's seed is the
+        # same everywhere), so a resumed run draws what the uninterrupted one would have.
         hk.save_checkpoint(path, model, optimizer, **steps, scheduler=scheduler,  # hvdkit: rank 0 writes
-                           epoch=epoch, samples=samples)
+                           epoch=epoch, samples=samples, rng=torch.get_rng_state())
     except hk.CheckpointError as exc:  # e.g. the disk filled up: one line, the previous checkpoint kept
         raise SystemExit(f"error: {exc}") from None
 
@@ -106,6 +108,7 @@ def main():
     if extra is not None:
         # Saved at an epoch's end, or mid-epoch when the job was preempted.
         start_epoch, start_sample = extra["epoch"], extra["samples"]
+        torch.set_rng_state(extra["rng"])
         if start_sample >= len(train_set):
             start_epoch, start_sample = start_epoch + 1, 0
     else:

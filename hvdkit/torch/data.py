@@ -120,6 +120,10 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
                                           seed=seed, drop_last=drop_last, batch_size=batch_size)
     if pin_memory is None:
         pin_memory = ctx.device.type == "cuda"
+    # A DataLoader draws its workers' base seed from torch's global generator each time an epoch's
+    # iterator starts; one of its own leaves the global stream (dropout) to the model, so a run resumed
+    # with the checkpoint's RNG state draws exactly what the uninterrupted run did.
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
 
