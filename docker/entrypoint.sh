@@ -6,13 +6,16 @@
 #   anything else run it (e.g. hvdkit launch ..., hvdkit env, python train.py)
 set -euo pipefail
 
-# The ranks this container runs: processes under this one (sshd's sessions, Open MPI's orted) whose
-# environment holds a rank, set by horovodrun (HOROVOD_RANK) or Open MPI (OMPI_COMM_WORLD_RANK).
+# The ranks this container runs: the first processes under this one (sshd's sessions, Open MPI's
+# orted) whose environment holds a rank, set by horovodrun (HOROVOD_RANK) or Open MPI
+# (OMPI_COMM_WORLD_RANK). Not their children (DataLoader workers inherit the variable): a worker
+# killed by the signal would fail the rank's step before it saves. A shell that holds the variable
+# (horovodrun's `sh -c ... python`) is looked through to the process under it.
 ranks() {
   local -A children=()
-  local stat line pid rest queue=("$$") found=()
+  local stat line pid ppid rest comm queue=("$$") found=()
   for stat in /proc/[0-9]*/stat; do
-    read -r line < "$stat" 2>/dev/null || continue
+    { read -r line < "$stat"; } 2>/dev/null || continue
     pid=${line%% *}
     rest=${line##*) }                   # after "pid (comm) ": state ppid ...
     read -r _ ppid _ <<< "$rest"
@@ -22,9 +25,12 @@ ranks() {
     pid=${queue[0]}
     queue=("${queue[@]:1}")
     for child in ${children[$pid]:-}; do
-      queue+=("$child")
-      if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qE '^(HOROVOD_RANK|OMPI_COMM_WORLD_RANK)='; then
+      comm=$(cat "/proc/$child/comm" 2>/dev/null || true)
+      if grep -qzE '^(HOROVOD_RANK|OMPI_COMM_WORLD_RANK)=' "/proc/$child/environ" 2>/dev/null \
+          && [[ ! "$comm" =~ ^(sh|bash|dash)$ ]]; then
         found+=("$child")
+      else
+        queue+=("$child")
       fi
     done
   done
@@ -43,7 +49,7 @@ stop() {
   if [ ${#pids[@]} -gt 0 ]; then
     kill -TERM "${pids[@]}" 2>/dev/null || true
   fi
-  deadline=$((SECONDS + ${HVDKIT_STOP_GRACE_S:-25}))
+  deadline=$((SECONDS + grace))
   while [ $SECONDS -lt $deadline ]; do
     alive=0
     for pid in "${pids[@]}"; do
@@ -52,8 +58,10 @@ stop() {
     [ $alive = 0 ] && break
     sleep 0.2
   done
-  kill -TERM "$sshd_pid" 2>/dev/null || true
-  wait "$sshd_pid" 2>/dev/null || true
+  if [ -n "$sshd_pid" ]; then
+    kill -TERM "$sshd_pid" 2>/dev/null || true
+    wait "$sshd_pid" 2>/dev/null || true
+  fi
   exit 0
 }
 
@@ -65,10 +73,16 @@ if [ "${1:-}" = "sshd" ]; then
     echo "hvdkit-entrypoint: error: no client key: mount the keygen volume at /keys (docker compose up keygen), or run under the MPI Operator, which mounts /root/.ssh/authorized_keys" >&2
     exit 1
   fi
-  /usr/sbin/sshd -D -e &
-  sshd_pid=$!
+  grace=${HVDKIT_STOP_GRACE_S:-25}
+  if ! [[ "$grace" =~ ^[0-9]+$ ]]; then
+    echo "hvdkit-entrypoint: error: HVDKIT_STOP_GRACE_S=$grace is not a whole number of seconds: set it to e.g. 25, less than the pod's terminationGracePeriodSeconds" >&2
+    exit 2
+  fi
+  sshd_pid=
   trap 'stop SIGTERM' TERM
   trap 'stop SIGINT' INT
+  /usr/sbin/sshd -D -e &
+  sshd_pid=$!
   set +e
   wait "$sshd_pid"
   exit $?
