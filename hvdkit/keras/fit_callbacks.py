@@ -62,6 +62,8 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     ctx = current()
     classes = _callback_classes(ctx.backend)
     out = []
+    if check_finite:       # one small allreduce a batch (hvdkit/keras/nonfinite.py); before the preemption
+        out.append(classes["StopOnNonFiniteLoss"]())  # checkpoint, which must not save a NaN batch's weights
     if preemption_checkpoint is not None:
         out.append(classes["PreemptionCheckpoint"](preemption_checkpoint))
     if broadcast:
@@ -75,8 +77,6 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     if warmup_epochs or warmup_steps:
         out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
     out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
-    if check_finite:
-        out.append(classes["StopOnNonFiniteLoss"]())  # one small allreduce a batch (hvdkit/keras/nonfinite.py)
     writers = tuple(getattr(keras_module(ctx.backend).callbacks, name) for name in RANK0_ONLY
                     if hasattr(keras_module(ctx.backend).callbacks, name))
     for cb in user_callbacks:

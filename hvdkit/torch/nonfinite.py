@@ -44,11 +44,14 @@ class NonFiniteCheck:
         # torch runs step pre-hooks twice under Horovod's class (its step and the original's): once is enough.
         if not self.own:
             return
-        own, self.own = self.own, []
+        own, self.own = self.own, []     # (a step a GradScaler skipped leaves them to the next: a stale name at worst)
         self.steps += 1
         optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optim)
+        # Only what was averaged, so every rank sees the same values and takes the same branch: a parameter
+        # given requires_grad=True after wrapping has no Horovod hook, and its gradient is this rank's own.
+        averaged = optimizer._requires_update
         grads = [p.grad for g in optimizer.param_groups for p in g["params"]
-                 if p.grad is not None and not p.grad.is_sparse]
+                 if p in averaged and p.requires_grad and p.grad is not None and not p.grad.is_sparse]
         if not grads or _all_finite(grads):
             return
         first = next((self.names.get(p, "?") for p, total in own if not bool(torch.isfinite(total))), None)
