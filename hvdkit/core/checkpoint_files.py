@@ -24,8 +24,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
@@ -55,60 +53,48 @@ def _temp_pattern(path: str) -> str:
 
 
 def remove_leftovers(path: str | os.PathLike) -> list[str]:
-    """Delete the temporary files an earlier, killed save to ``path`` left behind."""
-    removed = []
-    for tmp in glob.glob(_temp_pattern(os.fspath(path))):
-        try:
-            os.unlink(tmp)
-            removed.append(tmp)
-        except FileNotFoundError:
-            pass
+    """Delete the temporary files an earlier, killed save to ``path`` left behind (see :func:`_remove_dead`)."""
+    removed = [tmp for tmp in glob.glob(_temp_pattern(os.fspath(path))) if _remove_dead(tmp, os.fspath(path))]
     if removed:
         log.info("removed %d temporary file(s) of an interrupted save: %s", len(removed), ", ".join(removed))
     return removed
 
 
-_LOCKED: set[str] = set()       # directories this process holds the writer's lock of (the lock is reentrant)
+def _remove_dead(tmp: str, target: str, what: str = "checkpoint") -> bool:
+    """Delete ``tmp`` if no live process writes it; raise :class:`CheckpointError` naming the writer if one does.
 
-
-@contextmanager
-def one_writer(directory: str, path: str, what: str = "checkpoint") -> Iterator[None]:
-    """Hold ``directory``'s writer lock (``flock`` on the directory itself: no lock file) while saving there.
-
-    A save first removes the temporary files that killed saves left; a second
-    process saving into the same place at the same time removed the first's
-    live temporary file, and about half the saves failed with "No such file
-    or directory: check the path". Now the second one stops with one line
-    naming the cause. The kernel drops the lock when its process dies, so a
-    killed save never blocks the next one.
+    Every save holds an ``flock`` on its own temporary file while writing it,
+    and the kernel drops the lock when the process ends. A save that removed
+    another's temporary files unconditionally deleted a live one when two
+    processes saved to the same place at once: about half the saves failed
+    with "No such file or directory: check the path". A file the lock cannot
+    be taken on (a file system without locks) is removed, as before.
     """
-    key = os.path.realpath(directory)
-    if key in _LOCKED:
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
     try:
+        fd = os.open(tmp, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise CheckpointError(
+                    f"another process is writing {what} {target!r} right now ({os.path.basename(tmp)}): two jobs "
+                    "(or two ranks of one) save to the same place; give each job its own path (hvdkit's "
+                    "save_checkpoint writes on rank 0 only)") from None
+            except OSError:
+                pass                  # no locks here (some NFS setups): remove it, as before
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CheckpointError(
-                f"another process is saving into {directory!r} right now, so {what} {path!r} was not written: two "
-                "jobs (or two ranks of one) save to the same place; give each job its own path (hvdkit's "
-                "save_checkpoint writes on rank 0 only)") from None
-        except OSError as exc:
-            # NFS emulates flock with POSIX locks, and an exclusive one needs a descriptor open for writing,
-            # which a directory cannot have (EBADF); some file systems have no locks (ENOLCK, ENOTSUP).
-            # Save unlocked there, as before, rather than not at all.
-            log.debug("no writer's lock on %s (%s): saving without it", directory, exc)
-            yield
-            return
-        _LOCKED.add(key)
-        try:
-            yield
-        finally:
-            _LOCKED.discard(key)
+            os.unlink(tmp)
+            return True
+        except FileNotFoundError:
+            return False
     finally:
-        os.close(fd)          # releases the lock
+        if fd is not None:
+            os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str = "checkpoint",
@@ -122,7 +108,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], wha
     ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
     pos``, which the example's ``except CheckpointError`` missed; the message
     gives ``need_bytes`` (the adapter's estimate) against the free space.
-    One process writes into a directory at a time (:func:`one_writer`).
+    The temporary file is ``flock``-ed while it is written, so no other save
+    takes it for a killed save's leftover (:func:`_remove_dead`).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -130,35 +117,38 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], wha
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(_cannot_write(path, exc, what)) from exc
-    with one_writer(directory, path, what):
-        try:
-            remove_leftovers(path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-        except OSError as exc:
-            raise CheckpointError(_cannot_write(path, exc, what)) from exc
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+    try:
+        remove_leftovers(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise CheckpointError(_cannot_write(path, exc, what)) from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            if isinstance(exc, OSError):
-                raise CheckpointError(_cannot_write(path, exc, what)) from exc
-            if isinstance(exc, Exception) and _disk_full(directory, written):
-                raise CheckpointError(_disk_filled(path, what, written, need_bytes, directory)) from exc
-            raise
-        # Make the rename itself durable.
-        dir_fd = os.open(directory, os.O_RDONLY)
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)    # ours, until the file is closed
+            except OSError:
+                pass              # no locks on this file system
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            os.replace(tmp, path)     # still open, so still locked: no other save can take it for a leftover
+    except BaseException as exc:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError):
+            raise CheckpointError(_cannot_write(path, exc, what)) from exc
+        if isinstance(exc, Exception) and _disk_full(directory, written):
+            raise CheckpointError(_disk_filled(path, what, written, need_bytes, directory)) from exc
+        raise
+    # Make the rename itself durable.
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _disk_full(directory: str, written: int) -> bool:
@@ -317,40 +307,35 @@ class CheckpointDir:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(_cannot_write(path, exc)) from exc
-        with one_writer(self.directory, path):    # leftovers of any step are removed: one writer at a time
-            self.remove_leftovers()
-            write_checkpoint_file(path, write, need_bytes)
-            self.prune()
+        self.remove_leftovers()
+        write_checkpoint_file(path, write, need_bytes)
+        self.prune(keep=path)
         return path
 
     def remove_leftovers(self) -> list[str]:
         """Temporary files of killed saves of any step (``.ckpt-00000005.pt.<random>.tmp``)."""
-        removed = []
         pattern = os.path.join(glob.escape(self.directory), f".{self.prefix}-*{self.suffix}.{_RANDOM}.tmp")
-        for tmp in glob.glob(pattern):
-            try:
-                os.unlink(tmp)
-                removed.append(tmp)
-            except FileNotFoundError:
-                pass
-        return removed
+        return [tmp for tmp in glob.glob(pattern) if _remove_dead(tmp, os.path.join(self.directory, ""))]
 
-    def prune(self) -> list[str]:
-        """Keep the newest ``keep_last`` checkpoints that verify; delete the rest (and legacy checksum files).
+    def prune(self, keep: str | None = None) -> list[str]:
+        """Keep the newest ``keep_last`` checkpoints that verify, and ``keep``; delete the older ones.
 
-        A damaged checkpoint does not count: saving step 12 beside a good 5 and
-        a damaged 9 with ``keep_last=2`` kept the damaged 9 and deleted 5, the
-        only good checkpoint before 12. Each file is read to verify it at most
-        once a process (those this process wrote are known good), and only
-        until ``keep_last`` good ones are found.
+        One that fails to verify does not count: saving step 12 beside a good 5
+        and a damaged 9 with ``keep_last=2`` kept the damaged 9 and deleted 5,
+        the only good checkpoint before 12. It is not deleted either while it
+        is newer than the last one kept (a read can fail for reasons of its own:
+        memory, an I/O error), only once older ones are. Each file is read to
+        verify it at most once a process (those this process wrote are known
+        good), and only until ``keep_last`` good ones are found. ``keep`` (the
+        file just written) stays whatever its step.
         """
         if self.keep_last is None:
             return []
         kept, removed = 0, []
         for path in self.checkpoints():
-            if kept < self.keep_last and self._good(path):
+            if path == keep or (kept < self.keep_last and self._good(path)):
                 kept += 1
-            else:
+            elif kept >= self.keep_last:
                 removed.append(path)
         for path in removed:
             for p in (path, path + LEGACY_CHECKSUM_SUFFIX):
@@ -365,8 +350,8 @@ class CheckpointDir:
             return True
         try:
             self.verify(path)
-        except Exception as exc:  # noqa: BLE001 - any failure to read and verify makes it unusable
-            log.warning("removing damaged checkpoint %s (%s): it does not count towards keep_last", path,
+        except Exception as exc:  # noqa: BLE001 - any failure to read and verify: it does not count
+            log.warning("checkpoint %s does not verify (%s): it does not count towards keep_last", path,
                         str(exc)[:200])
             return False
         _KNOWN_GOOD[os.path.realpath(path)] = _stamp(path)

@@ -148,10 +148,22 @@ def test_keep_last_never_counts_a_damaged_checkpoint(tmp_path, caplog):
     # deleted 5, the only good checkpoint before 12.
     (tmp_path / "ckpt-00000005.txt").write_text("state 5")
     (tmp_path / "ckpt-00000009.txt").write_text("garbage")
+    d = CheckpointDir(tmp_path, ".txt", keep_last=2, verify=read_text)
     with caplog.at_level(logging.WARNING, logger="hvdkit.checkpoint"):
-        CheckpointDir(tmp_path, ".txt", keep_last=2, verify=read_text).save(12, writer("state 12"))
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000005.txt", "ckpt-00000012.txt"]
-    assert "removing damaged checkpoint" in caplog.text and "ckpt-00000009.txt" in caplog.text
+        d.save(12, writer("state 12"))
+    # 9 does not count, and is not deleted while newer than the last one kept (a read may fail for other reasons)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000005.txt", "ckpt-00000009.txt", "ckpt-00000012.txt"]
+    assert "ckpt-00000009.txt does not verify" in caplog.text
+    d.save(13, writer("state 13"))                              # two good ones newer: the older ones go
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000012.txt", "ckpt-00000013.txt"]
+
+
+def test_the_checkpoint_just_written_is_kept_whatever_its_step(tmp_path):
+    d = CheckpointDir(tmp_path, ".txt", keep_last=2, verify=read_text)
+    for step in (10, 11):
+        d.save(step, writer(f"state {step}"))
+    d.save(3, writer("state 3"))                                # a new run into an old directory
+    assert "ckpt-00000003.txt" in os.listdir(tmp_path)
 
 
 def test_keep_last_reads_an_older_checkpoint_once_a_process(tmp_path):
@@ -202,20 +214,24 @@ def test_check_writable_budgets_keep_last_checkpoints_and_the_one_being_written(
 
 def test_a_second_writer_into_the_same_place_is_named(tmp_path):
     # Issue 34, case 6: two writers deleted each other's temporary files; half the saves failed with
-    # "No such file or directory: check the path".
+    # "No such file or directory: check the path". A save holds an flock on its temporary file while writing.
     import subprocess
     import sys
 
+    live = tmp_path / ".model.txt.ab12cd34.tmp"                  # another process's save of model.txt, in flight
+    live.write_text("half")
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
-                               "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
-                               "time.sleep(30)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+                               "os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+                               "time.sleep(30)", str(live)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(CheckpointError, match=r"another process is saving into .* right now, so checkpoint "
-                                                  r".*model.txt' was not written: two jobs"):
+        with pytest.raises(CheckpointError, match=r"another process is writing checkpoint .*model.txt' right now "
+                                                  r"\(.model.txt.ab12cd34.tmp\): two jobs"):
             atomic_write(tmp_path / "model.txt", writer("state 1"))
+        assert live.exists(), "a live writer's temporary file is left alone"
+        atomic_write(tmp_path / "other.txt", writer("state 1"))   # another file in the same directory is fine
     finally:
         holder.kill()
         holder.wait()
-    atomic_write(tmp_path / "model.txt", writer("state 2"))      # the lock went with its process
-    assert (tmp_path / "model.txt").read_text() == "state 2"
+    atomic_write(tmp_path / "model.txt", writer("state 2"))      # the lock went with its process: a leftover now
+    assert (tmp_path / "model.txt").read_text() == "state 2" and not live.exists()
