@@ -56,9 +56,23 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
     raise AssertionError(op)   # reduce_options admits only the three
 
 
+_SCALED = []      # set once the script asked for a scaled rate (the adapters' scale_lr)
+
+
 def scale_lr_for(base_lr: float, ctx: Topology, op: str = "average") -> float:
     """:func:`scale_lr` for the job ``ctx`` describes (its size, local size, and whether it pinned a GPU)."""
+    _SCALED.append(True)
     return scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size, on_gpu=ctx.gpu is not None)
+
+
+def script_scales_lr() -> bool:
+    """Whether this process asked for a scaled rate: only then do its checkpoints record (and undo) the scale."""
+    return bool(_SCALED)
+
+
+def job_lr_scale(ctx: Topology, op: str = "average") -> float:
+    """``scale_lr(1.0)`` for this job, without counting as the script asking for a scaled rate."""
+    return scale_lr(1.0, ctx.size, op=op, local_size=ctx.local_size, on_gpu=ctx.gpu is not None)
 
 
 def warmup_steps(warmup_steps: int | None = None, warmup_epochs: float | None = None,
@@ -104,19 +118,16 @@ def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scal
     gradients are averaged over that many, so the rate must be what
     ``scale_lr`` gives for the new size: 2 to 3 ranks at ``average`` is x1.5
     (a 0.02 rate becomes 0.03). ``saved_scale`` is ``scale_lr(1.0)`` when the
-    checkpoint was written; files from before hvdkit stored it give only
-    ``saved_size``, which fixes the scale for ``op="average"`` (its size).
-    ``on_resize="error"`` refuses another size instead, naming the choice.
+    checkpoint was written by a script that used ``scale_lr``; None (a script
+    with a fixed rate, or a file from before hvdkit stored it) leaves the
+    rates as they are. ``on_resize="error"`` refuses another size instead.
     """
     if on_resize not in RESIZE_CHOICES:
         raise ValueError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
-    if saved_scale is None:
-        saved_scale = float(saved_size) if saved_size and op == "average" else now_scale
-    if saved_scale == now_scale:
-        return 1.0
-    if on_resize == "error":
+    if on_resize == "error" and saved_size is not None and saved_size != size:
         raise CheckpointError(f"{path} was written by a job of {saved_size} ranks and this one has {size}: run on "
                               f"{saved_size} ranks, or load with on_resize='rescale' to continue with the learning "
-                              f"rate scaled for {size} (x{now_scale / saved_scale:g}) and the data from where it "
-                              "stopped")
+                              f"rate scaled for {size} and the data from where it stopped")
+    if saved_scale is None or saved_scale == now_scale:
+        return 1.0
     return now_scale / saved_scale

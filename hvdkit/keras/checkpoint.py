@@ -35,7 +35,7 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.core.lr import resume_lr_factor, scale_lr_for
+from hvdkit.core.lr import job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
 
@@ -68,8 +68,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
               "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
-    if optimizer is not None:     # the rates' scale, so another world size can resume with scale_lr's rate
-        header["lr_scale"] = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
+    if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume
+        header["lr_scale"] = job_lr_scale(ctx, getattr(optimizer, "_hvdkit_op", "average"))  # at scale_lr's rate
     header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
     header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
@@ -136,13 +136,14 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
                                       f"has {len(named)}: build the same architecture and optimizer before loading")
             saved = [n for n, _ in named]
         _assign_by_name(where, part, named, dict(zip(saved, body[part])))
-    # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
-    # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
-    if optimizer is not None and saves_learning_rate(optimizer):
+    if optimizer is not None:
         op = getattr(optimizer, "_hvdkit_op", "average")
-        factor = resume_lr_factor(header.get("lr_scale"), header.get("world_size"), scale_lr_for(1.0, ctx, op),
-                                  ctx.size, op=op, on_resize=on_resize, path=f"checkpoint {where!r}")
-        if factor != 1.0:
+        scaled = header.get("lr_scale") if script_scales_lr() else None   # a fixed-rate script keeps its rate
+        factor = resume_lr_factor(scaled, header.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
+                                  on_resize=on_resize, path=f"checkpoint {where!r}")
+        # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
+        # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
+        if factor != 1.0 and saves_learning_rate(optimizer):
             set_learning_rate(optimizer, get_learning_rate(optimizer) * factor)
     return header["extra"]
 

@@ -36,7 +36,7 @@ from hvdkit.core.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.core.lr import resume_lr_factor, scale_lr_for
+from hvdkit.core.lr import job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import plain_module, to_cpu
 
@@ -85,8 +85,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
         "extra": extra,
     }
-    if optimizer is not None:   # the rates' scale, so another world size can resume with scale_lr's rate
-        state["lr_scale"] = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
+    if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume
+        state["lr_scale"] = job_lr_scale(ctx, getattr(optimizer, "_hvdkit_op", "average"))   # at scale_lr's rate
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     if step is not None:
@@ -95,6 +95,22 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last, verify=_read,
             need_bytes=_tensor_bytes(state))
     return True
+
+
+# Rates a param group holds: the current one, what a scheduler started from (initial_lr), OneCycleLR's bounds.
+GROUP_RATES = ("lr", "initial_lr", "max_lr", "min_lr")
+# Rates a scheduler holds (CyclicLR's max_lrs); SequentialLR and ChainedScheduler hold schedulers of their own.
+SCHEDULER_RATES = ("base_lrs", "_last_lr", "max_lrs")
+
+
+def _rescale_scheduler(scheduler, factor: float) -> None:
+    if factor == 1.0:
+        return
+    for key in SCHEDULER_RATES:
+        if isinstance(scheduler.__dict__.get(key), list):
+            setattr(scheduler, key, [lr * factor for lr in getattr(scheduler, key)])
+    for inner in scheduler.__dict__.get("_schedulers", []):
+        _rescale_scheduler(inner, factor)
 
 
 def _tensor_bytes(obj) -> int:
@@ -177,12 +193,12 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                                   "to load the model only")
         optimizer.load_state_dict(body["optimizer"])
         ctx = current()
-        now = scale_lr_for(1.0, ctx, getattr(optimizer, "_hvdkit_op", "average"))
-        factor = resume_lr_factor(body.get("lr_scale"), body.get("world_size"), now, ctx.size,
-                                  op=getattr(optimizer, "_hvdkit_op", "average"), on_resize=on_resize,
-                                  path=f"checkpoint {os.fspath(path)!r}")
+        op = getattr(optimizer, "_hvdkit_op", "average")
+        scaled = body.get("lr_scale") if script_scales_lr() else None    # a fixed-rate script keeps its rate
+        factor = resume_lr_factor(scaled, body.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
+                                  on_resize=on_resize, path=f"checkpoint {os.fspath(path)!r}")
         for group in optimizer.param_groups:
-            for key in ("lr", "initial_lr"):       # initial_lr: what a scheduler built on it starts from
+            for key in GROUP_RATES:
                 if key in group:
                     group[key] *= factor
         if scheduler is not None:
@@ -190,9 +206,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                 raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no scheduler state: save it with "
                                       "save_checkpoint(..., scheduler=scheduler), or load without scheduler=")
             scheduler.load_state_dict(body["scheduler"])
-            for key in ("base_lrs", "_last_lr"):
-                if key in scheduler.__dict__:
-                    setattr(scheduler, key, [lr * factor for lr in getattr(scheduler, key)])
+            _rescale_scheduler(scheduler, factor)
         if factor != 1.0 and ctx.is_main:
             log.info("resumed a checkpoint of %s ranks on %d: learning rates x%g, as scale_lr gives",
                      body.get("world_size"), ctx.size, factor)

@@ -139,26 +139,30 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path):
     assert result["size"] == 3 and result["test_accuracy"] > 0.9
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-@pytest.mark.parametrize("size", [1, 3])
-def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, size, controller):
+@pytest.mark.parametrize("size, controller, scheduler", [(1, "gloo", "warmup"), (1, "mpi", "warmup"),
+                                                         (3, "gloo", "warmup"), (3, "mpi", "sequential")])
+def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, size, controller, scheduler):
     """Issue 34, case 3: a 2-rank checkpoint after 14 of 20 batches (400 rows, batch 10) resumed on 3 ranks
     skipped 120 of the epoch's samples at lr 0.2 instead of 0.3; on 1 rank it saw 140 twice at 0.2, not 0.1."""
     worker, ckpt = str(WORKERS / "torch_resize.py"), str(tmp_path / "ckpt.pt")
     first, resumed = tmp_path / "first", tmp_path / "resumed"
     first.mkdir()
     resumed.mkdir()
-    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(first), "--ckpt", ckpt, "--phase", "first"], controller),
-                   timeout=180)
+    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(first), "--ckpt", ckpt, "--phase", "first",
+                                      "--scheduler", scheduler], controller), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:]
     before = read_rank_results(first, 2, proc.stdout)
-    proc = run_job(horovodrun_cmd(size, [worker, "--out", str(resumed), "--ckpt", ckpt, "--phase", "resume"],
-                                  controller), timeout=180)
+    proc = run_job(horovodrun_cmd(size, [worker, "--out", str(resumed), "--ckpt", ckpt, "--phase", "resume",
+                                         "--scheduler", scheduler], controller), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:]
     after = read_rank_results(resumed, size, proc.stdout)
     assert [r["size"] for r in after] == [size] * size
     assert after[0]["start_sample"] == 280
     seen = [i for r in before + after for i in r["seen"]]
     assert sorted(seen) == list(range(400)), "every sample of the epoch once: none skipped, none twice"
-    for r in after:      # scale_lr(0.1) for the new size, in the optimizer and the warmup's base rate
-        assert r["lr"] == [pytest.approx(0.1 * size)] and r["base_lrs"] == [pytest.approx(0.1 * size)]
+    for r in after:      # scale_lr(0.1) for the new size, in the optimizer and the schedulers' base rates
+        assert r["base_lrs"] == [pytest.approx(0.1 * size)]
+        if scheduler == "warmup":
+            assert r["lr"] == [pytest.approx(0.1 * size)]
+        else:            # the cosine's own base rate too, or it would fall back to the old scale
+            assert r["inner_base_lrs"] == [[pytest.approx(0.1 * size)]] * 2

@@ -60,11 +60,12 @@ def test_a_checkpoint_of_another_size_resumes_at_scale_lrs_rate():
 
     assert resume_lr_factor(2.0, 2, 3.0, 3) == 1.5                 # 0.02 on 2 ranks -> 0.03 on 3
     assert resume_lr_factor(2.0, 2, 1.0, 1) == 0.5
-    assert resume_lr_factor(None, 2, 3.0, 3) == 1.5                # older files: world_size under average
-    assert resume_lr_factor(None, 2, 1.0, 3, op="sum") == 1.0      # sum: no scale to undo
+    assert resume_lr_factor(None, 2, 3.0, 3) == 1.0                # no scale recorded (a fixed rate): kept
+    assert resume_lr_factor(1.0, 2, 1.0, 3, op="sum") == 1.0       # sum: no scale to undo
     assert resume_lr_factor(2.0, 2, 2.0, 2, on_resize="error") == 1.0
-    with pytest.raises(CheckpointError, match="written by a job of 2 ranks and this one has 3: run on 2 ranks, or "
-                                              "load with on_resize='rescale'"):
-        resume_lr_factor(2.0, 2, 3.0, 3, on_resize="error")
+    for saved_scale in (2.0, None):                                 # refused whatever the script does with rates
+        with pytest.raises(CheckpointError, match="written by a job of 2 ranks and this one has 3: run on 2 ranks, "
+                                                  "or load with on_resize='rescale'"):
+            resume_lr_factor(saved_scale, 2, 3.0, 3, on_resize="error")
     with pytest.raises(ValueError, match="on_resize='never'"):
         resume_lr_factor(2.0, 2, 3.0, 3, on_resize="never")

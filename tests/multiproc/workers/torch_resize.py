@@ -19,6 +19,8 @@ p.add_argument("--out", required=True)
 p.add_argument("--ckpt", required=True)
 p.add_argument("--phase", choices=["first", "resume"], required=True)
 p.add_argument("--stop-after", type=int, default=14, help="batches of epoch 0 before the checkpoint")
+p.add_argument("--scheduler", choices=["warmup", "sequential"], default="warmup",
+               help="hvdkit's warmup alone, or warmup then cosine in a SequentialLR (schedulers of its own)")
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
@@ -30,12 +32,16 @@ model = torch.nn.Linear(4, 1)
 optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=hk.scale_lr(BASE_LR), momentum=0.9),
                                     model)
 scheduler = hk.warmup_scheduler(optimizer, warmup_steps=5)
+if args.scheduler == "sequential":
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=40)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [scheduler, cosine], milestones=[5])
 result = {"size": ctx.size, "rank": ctx.rank}
 if args.phase == "resume":
     extra = hk.load_checkpoint(args.ckpt, model, optimizer, scheduler=scheduler)
     loader.sampler.set_epoch(extra["epoch"], start_sample=extra["samples"])
+    inner = getattr(scheduler, "_schedulers", [])
     result.update(lr=[group["lr"] for group in optimizer.param_groups], base_lrs=scheduler.base_lrs,
-                  start_sample=extra["samples"])
+                  inner_base_lrs=[s.base_lrs for s in inner], start_sample=extra["samples"])
 else:
     hk.broadcast_state(model, optimizer)
     loader.sampler.set_epoch(0)
