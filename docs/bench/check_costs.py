@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hvdkit.torch as hk
 from hvdkit.bench.models import MnistNet, ResNet50
 from hvdkit.core.datacheck import rows_fingerprint
-from hvdkit.torch.data import _unsharded_loader_fingerprint
+from hvdkit.torch.data import _samples_digest, _whole_dataset_in_use
 
 ctx = hk.init(seed=0)
 log = print if ctx.rank == 0 else (lambda *a, **k: None)
@@ -62,7 +62,7 @@ loader = DataLoader(data, batch_size=32, shuffle=True)
 it = iter(loader)
 next(it)
 start = time.perf_counter()
-_unsharded_loader_fingerprint()
+_samples_digest(_whole_dataset_in_use())
 log(f"unsharded-loader check (once, first step): {1e3 * (time.perf_counter() - start):.1f} ms")
 x = np.random.default_rng(0).standard_normal((60000, 784)).astype("float32")
 y = np.arange(60000) % 10

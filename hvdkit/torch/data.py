@@ -123,7 +123,8 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
     # A DataLoader draws its workers' base seed from torch's global generator each time an epoch's
     # iterator starts; one of its own leaves the global stream (dropout) to the model, so a run resumed
     # with the checkpoint's RNG state draws exactly what the uninterrupted run did.
-    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
+    # Its seed mixes in the rank, so the ranks' workers draw different augmentations (as Lightning seeds them).
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed + 1_000_003 * ctx.rank))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
 
@@ -224,12 +225,18 @@ def check_loader_sharded() -> bool:
     random augmentation, which differ every time they are read. One gather,
     once; the samples are read with the random generators' states restored.
     """
-    fingerprint = _unsharded_loader_fingerprint()
-    if not same_everywhere(context.backend(ADAPTER), fingerprint, name="hvdkit.loader_data"):
+    backend = context.backend(ADAPTER)
+    dataset = _whole_dataset_in_use()
+    # Type and length first; the samples are read only when those agree everywhere (reading one in the main
+    # process opens what a dataset opens lazily, an HDF5 file, before its workers fork).
+    key = f"{type(dataset).__name__}:{len(dataset)}" if dataset is not None else None
+    if not same_everywhere(backend, key, name="hvdkit.loader_kind"):
+        return False
+    if not same_everywhere(backend, _samples_digest(dataset), name="hvdkit.loader_data"):
         return False
     ctx = current()
     if ctx.rank == 0:
-        length = fingerprint.split(":")[1]
+        length = len(dataset)
         log.warning("hvdkit: every rank iterates the same %s samples (a DataLoader without a distributed sampler), so "
                     "each of the %d ranks trains on all of them and the job is no faster than one process: build it "
                     "with hk.distributed_loader(dataset, batch_size) and call loader.sampler.set_epoch(epoch) each "
@@ -237,8 +244,8 @@ def check_loader_sharded() -> bool:
     return True
 
 
-def _unsharded_loader_fingerprint() -> str | None:
-    """(dataset type, length, three samples' digest) of the loader iterated now, if it reads the whole dataset."""
+def _whole_dataset_in_use():
+    """The dataset behind the one DataLoader iterated now, if its sampler reads all of it; else None."""
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     # type(), not isinstance(): isinstance reads __class__, which some lazy objects answer with a
@@ -251,20 +258,19 @@ def _unsharded_loader_fingerprint() -> str | None:
             return None                      # a sharded (or custom) sampler is in use: trust it
         if not isinstance(it._dataset, IterableDataset) and len(it._dataset) == len(sampler):
             whole.append(it._dataset)
-    if len(whole) != 1:
-        return None
-    dataset = whole[0]
+    return whole[0] if len(whole) == 1 and len(whole[0]) else None
+
+
+def _samples_digest(dataset) -> str | None:
+    """A digest of three samples (first, middle, last), read with the random generators' states restored."""
     n = len(dataset)
-    if n == 0:
-        return None
     states = random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):     # a sample's random transform must not move the user's stream
             samples = [dataset[i] for i in sorted({0, n // 2, n - 1})]
-        digest = content_digest(samples, tensor_bytes)["sha256"][:16]
+        return content_digest(samples, tensor_bytes)["sha256"][:16]
     except Exception:  # noqa: BLE001 - a dataset that cannot be read this way only loses the check
         return None
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
-    return f"{type(dataset).__name__}:{n}:{digest}"
