@@ -54,8 +54,8 @@ def parse_args():
     where.add_argument("--checkpoint-dir", metavar="DIR",
                        help="save after every epoch as DIR/ckpt-<step>.pt, keeping the newest 3")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint if there is one yet (in --checkpoint-dir: the newest good "
-                        "one), so a requeued job always passes it")
+                   help="continue from the checkpoint (in --checkpoint-dir: the newest good one, or from scratch "
+                        "while there is none yet, so a requeued job can always pass it)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
@@ -102,7 +102,10 @@ def main():
             raise SystemExit(f"error: {exc}") from None
     if args.resume and checkpoint:
         try:  # hvdkit: rank 0 reads, all load; on another -np the rates are rescaled as scale_lr would
-            extra = hk.load_checkpoint(checkpoint, model, optimizer, scheduler=scheduler, missing_ok=True)
+            # In a directory, nothing there yet (a requeued job's first run) starts from scratch; a named
+            # file that does not exist is a mistake.
+            extra = hk.load_checkpoint(checkpoint, model, optimizer, scheduler=scheduler,
+                                       missing_ok=bool(args.checkpoint_dir))
         except hk.CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
     if extra is not None:
