@@ -40,8 +40,8 @@ if args.phase == "resume":
     extra = hk.load_checkpoint(args.ckpt, model, optimizer, scheduler=scheduler)
     loader.sampler.set_epoch(extra["epoch"], start_sample=extra["samples"])
     inner = getattr(scheduler, "_schedulers", [])
-    result.update(lr=[group["lr"] for group in optimizer.param_groups], base_lrs=scheduler.base_lrs,
-                  inner_base_lrs=[s.base_lrs for s in inner], start_sample=extra["samples"])
+    result.update(lr=[group["lr"] for group in optimizer.param_groups],
+                  base_lrs=[s.base_lrs for s in inner] or [scheduler.base_lrs], start_sample=extra["samples"])
 else:
     hk.broadcast_state(model, optimizer)
     loader.sampler.set_epoch(0)
