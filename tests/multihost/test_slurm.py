@@ -199,6 +199,8 @@ def test_a_preempted_batch_job_requeues_resumes_and_ends_with_the_uninterrupted_
     uninterrupted run's."""
     import time
 
+    import torch
+
 
     data = tmp_path / "mnist"
     write_digits_as_mnist(data)
