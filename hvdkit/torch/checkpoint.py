@@ -152,9 +152,7 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
     def need() -> int:
         if model is None:
             return 0
-        size = sum(t.numel() * t.element_size() for t in plain_module(model).state_dict().values()
-                   if torch.is_tensor(t))
-        return size * (3 if optimizer is not None else 1)
+        return _tensor_bytes(plain_module(model).state_dict()) * (3 if optimizer is not None else 1)
 
     check_on_root(path, need, context.backend(ADAPTER), keep_last=keep_last, suffix=".pt")
 
