@@ -4,11 +4,15 @@
     horovodrun -np 2 -H localhost:2 python examples/keras_mnist.py --backend torch      # Keras 3 on PyTorch
     horovodrun -np 2 -H localhost:2 python examples/keras_mnist.py --backend tf_keras   # legacy tf-keras
 
+With --checkpoint-dir DIR, SIGTERM or SIGUSR1 to any rank (a cluster's preemption notice) checkpoints
+every rank at the next batch into DIR and exits 75; --resume continues from there, on any number of processes.
+
 Every line that differs from the single-process script is marked `# hvdkit:`.
 """
 
 import argparse
 import json
+import os
 import time
 
 import hvdkit.keras as hk  # hvdkit:
@@ -27,6 +31,11 @@ def parse_args():
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint", metavar="FILE", default=None, help="save here after training (.npz)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="on SIGTERM/SIGUSR1 to any rank: checkpoint mid-epoch as DIR/ckpt-<step>.npz, exit 75")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir (from scratch while there is none, "
+                        "so a requeued job can always pass it)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
 
@@ -57,15 +66,23 @@ def main():
         raise SystemExit(f"error: {exc}") from None
     keras = hk.use_backend(args.backend)  # Keras reads its backend once, at import: choose it first
     ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, one seed for all
-    x_train, y_train = hk.shard_arrays(data.x_train[..., None], data.y_train)  # hvdkit: each rank its 1/size
+    # hvdkit: each rank its 1/size of every epoch's shuffle, resumable mid-epoch on any number of ranks
+    batches = hk.distributed_batches(data.x_train[..., None], data.y_train, args.batch_size, seed=args.seed)
 
     model = build_model(keras)
     optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)))  # hvdkit: lr x size, averaged
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    checkpoint_dir = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else None  # '/': a directory
+    if args.resume and checkpoint_dir:
+        try:  # hvdkit: rank 0 reads the newest good checkpoint, all load; on another -np the rate is rescaled
+            batches.resume(hk.load_checkpoint(checkpoint_dir, model, optimizer, missing_ok=True))  # hvdkit:
+        except hk.CheckpointError as exc:
+            raise SystemExit(f"error: {exc}") from None
     start = time.time()
-    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
-              verbose=ctx.verbose,  # hvdkit: a line per epoch from rank 0 only
-              callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs))  # hvdkit: broadcast, metric average, warmup
+    hk.fit(model, batches, epochs=args.epochs,  # hvdkit: model.fit from batches.epoch, a resumed epoch's rest first
+           verbose=ctx.verbose,  # hvdkit: a line per epoch from rank 0 only
+           callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs,  # hvdkit: broadcast, metric average, warmup
+                                  preemption_checkpoint=checkpoint_dir))  # hvdkit: SIGTERM -> checkpoint, exit 75
     elapsed = time.time() - start
     # Every rank holds the same weights, so evaluating the whole (small) test set gives every rank the exact result.
     loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)

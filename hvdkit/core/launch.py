@@ -413,11 +413,13 @@ def first_exception(output: str) -> tuple[int, str] | None:
 def ended_by_preemption(rc: int, output: str) -> bool:
     """The job ended because its ranks checkpointed and exited :data:`REQUEUE_EXIT_CODE` (a preemption).
 
-    mpirun passes the ranks' 75 up, but horovodrun under Gloo exits 1 whatever
-    the ranks' codes ("Horovod detected that one or more processes exited with
-    non-zero status ... Exit code: 75"), so a requeue wrapper that waits for 75
-    never fired. The first rank horovodrun reports decides: under hvdkit's
-    preemption protocol every rank exits 75 together, once the checkpoint is on disk.
+    mpirun passes the ranks' 75 up, and so does horovodrun under Gloo since
+    Horovod patch item 14 (it exited 1 whatever the ranks' codes, "Horovod
+    detected that one or more processes exited with non-zero status ... Exit
+    code: 75", so a requeue wrapper that waits for 75 never fired). The first
+    rank horovodrun reports still decides, for a Horovod without that item:
+    under hvdkit's preemption protocol every rank exits 75 together, once the
+    checkpoint is on disk.
     """
     if rc == REQUEUE_EXIT_CODE:
         return True

@@ -32,6 +32,7 @@ _WHERE = {
     "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",
     "Context": "hvdkit.keras.context", "current": "hvdkit.keras.context", "init": "hvdkit.keras.context",
     "seed_everything": "hvdkit.keras.context",
+    "distributed_batches": "hvdkit.keras.data", "fit": "hvdkit.keras.data",
     "shard_arrays": "hvdkit.keras.data", "shard_dataset": "hvdkit.keras.data", "steps_per_epoch": "hvdkit.keras.data",
     "DistributedOptimizer": "hvdkit.keras.optimizer", "broadcast_state": "hvdkit.keras.optimizer",
     "scale_lr": "hvdkit.keras.optimizer",
@@ -66,7 +67,8 @@ def __dir__():
 
 __all__ = [
     "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "SyncBatchNormalization", "broadcast_state", "callbacks", "check_checkpoint_path", "current", "elastic",
+    "SyncBatchNormalization", "broadcast_state", "callbacks", "check_checkpoint_path", "current",
+    "distributed_batches", "elastic", "fit",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "resolve_backend",
     "save_checkpoint", "scale_lr", "seed_everything", "shard_arrays", "shard_dataset", "steps_per_epoch",
     "use_backend",

@@ -58,3 +58,140 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
     """Batches per rank per epoch when ``num_samples`` are split over all ranks."""
     ctx = current()
     return max(1, math.ceil(num_samples / (batch_size * ctx.size)))
+
+
+def distributed_batches(x, y=None, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0,
+                        drop_remainder: bool = False, **dataset_kwargs):
+    """This rank's batches of ``x`` (and ``y``) for ``fit``, shuffled alike on every rank, resumable mid-epoch.
+
+    What :func:`hvdkit.torch.distributed_loader` is for torch: each epoch one
+    order of all rows (seed + epoch, the same on every rank), dealt
+    ``order[rank::size]`` as DistributedSampler deals it, so that a
+    checkpoint can record how many of the epoch's samples the whole job
+    trained on (``batches.position(k)``) and a job on another number of
+    ranks continues from there: no sample skipped, none twice. Pass it to
+    :func:`fit` (or ``model.fit(batches, shuffle=False)``: Keras's shuffle
+    would reorder the batches) in place of ``x, y``, with
+    :func:`hvdkit.keras.callbacks`, which sets the epoch. ``dataset_kwargs``
+    (``workers``, ...) go to Keras's PyDataset.
+
+    Example::
+
+        batches = hk.distributed_batches(x_train, y_train, 64, seed=42)   # the whole arrays, not shard_arrays'
+        batches.resume(hk.load_checkpoint(path, model, optimizer, missing_ok=True))  # None: from the start
+        hk.fit(model, batches, epochs=12, callbacks=hk.callbacks(preemption_checkpoint="ckpts/"))
+    """
+    ctx = current()
+    return _batches_class(ctx.backend)(x, y, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
+                                       rank=ctx.rank, size=ctx.size, **dataset_kwargs)
+
+
+_BATCHES: dict[str, type] = {}
+
+
+def _batches_class(mode: str) -> type:
+    """A subclass of the active Keras's PyDataset (tf-keras: Sequence), made once Keras is known."""
+    if mode in _BATCHES:
+        return _BATCHES[mode]
+    import numpy as np
+
+    from hvdkit.core.sharding import resume_indices
+    from hvdkit.keras.backend import keras_module
+
+    utils = keras_module(mode).utils
+    base = getattr(utils, "PyDataset", None) or utils.Sequence
+
+    class DistributedBatches(base):
+        """See :func:`distributed_batches`. ``epoch`` and ``start_sample`` say where the next pass starts."""
+
+        def __init__(self, x, y, batch_size: int, *, shuffle: bool, seed: int, drop_remainder: bool,
+                     rank: int, size: int, **dataset_kwargs):
+            super().__init__(**dataset_kwargs)
+            self.x, self.y = x, y
+            lengths = {len(a) for a in ([x] if y is None else [x, y])}
+            if len(lengths) != 1:
+                raise ValueError(f"x and y have different lengths {sorted(lengths)}: pass the same samples")
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            self.epoch_size = lengths.pop()
+            self.batch_size, self.shuffle, self.seed, self.drop_remainder = batch_size, shuffle, seed, drop_remainder
+            self.rank, self.size = rank, size
+            self.set_epoch(0)
+
+        def set_epoch(self, epoch: int, start_sample: int = 0) -> None:
+            """The next pass is ``epoch``'s order from its ``start_sample``-th sample on (all ranks together)."""
+            if start_sample < 0:
+                raise ValueError(f"start_sample must be >= 0, got {start_sample}")
+            order = (np.random.default_rng(self.seed + epoch).permutation(self.epoch_size) if self.shuffle
+                     else np.arange(self.epoch_size))
+            self.epoch, self.start_sample = epoch, start_sample
+            self._rows = np.asarray(resume_indices(order.tolist(), start_sample, self.rank, self.size,
+                                                   drop_last=self.drop_remainder), dtype=np.int64)
+
+        def resume(self, extra: dict | None) -> None:
+            """Continue where a checkpoint's ``extra`` (``epoch`` and ``samples``) says; None: from the start.
+
+            ``samples`` is what the preemption checkpoint of
+            :func:`hvdkit.keras.callbacks` records; an epoch that was finished
+            resumes at the next one.
+            """
+            if not extra:
+                return
+            if "samples" not in extra:
+                raise ValueError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
+                                 "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
+            epoch, samples = int(extra["epoch"]), int(extra["samples"])
+            self.set_epoch(epoch + 1, 0) if samples >= self.epoch_size else self.set_epoch(epoch, samples)
+
+        def position(self, batches: int) -> int:
+            """Samples of the epoch the job has trained on after ``batches`` batches a rank since the pass began."""
+            return min(self.start_sample + batches * self.batch_size * self.size, self.epoch_size)
+
+        def __len__(self) -> int:
+            return math.ceil(len(self._rows) / self.batch_size)
+
+        def __getitem__(self, index: int):
+            if not 0 <= index < len(self):
+                raise IndexError(f"batch {index} of {len(self)}")
+            rows = self._rows[index * self.batch_size:(index + 1) * self.batch_size]
+            xs = _take(self.x, rows)
+            return xs if self.y is None else (xs, _take(self.y, rows))
+
+    _BATCHES[mode] = DistributedBatches
+    return DistributedBatches
+
+
+def _take(data, rows):
+    if isinstance(data, dict):
+        return {k: _take(v, rows) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(_take(v, rows) for v in data)
+    return data.iloc[rows] if hasattr(data, "iloc") else data[rows]
+
+
+def fit(model, data, *, epochs: int = 1, **fit_kwargs):
+    """``model.fit(data, epochs=..., initial_epoch=data.epoch)``; a mid-epoch resume first finishes that epoch.
+
+    Keras gives every epoch of one ``fit`` the same number of batches, so the
+    rest of a preempted epoch (fewer batches) runs as a ``fit`` of its own,
+    then the later epochs as another, with the same callbacks. ``data`` is a
+    :func:`distributed_batches`. Returns the last ``History``, holding every
+    epoch's logs.
+    """
+    if not hasattr(data, "start_sample"):
+        raise TypeError(f"hk.fit takes hk.distributed_batches(...), not {type(data).__name__}: call model.fit for "
+                        "other data")
+    if "initial_epoch" in fit_kwargs:
+        raise TypeError("hk.fit starts at data.epoch: call data.resume(extra) or data.set_epoch(epoch) instead of "
+                        "passing initial_epoch")
+    fit_kwargs["shuffle"] = False          # Keras would shuffle the batches' order; the rows are shuffled already
+    history, logs = None, {}
+    if data.start_sample and data.epoch < epochs:
+        history = model.fit(data, epochs=data.epoch + 1, initial_epoch=data.epoch, **fit_kwargs)
+        logs = dict(history.history)
+        data.set_epoch(data.epoch + 1)
+    if data.epoch < epochs or history is None:
+        history = model.fit(data, epochs=epochs, initial_epoch=data.epoch, **fit_kwargs)
+        for key, values in history.history.items():
+            history.history[key] = logs.get(key, []) + list(values)
+    return history

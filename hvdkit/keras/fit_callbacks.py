@@ -64,6 +64,7 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     out = []
     if check_finite:       # one small allreduce a batch (hvdkit/keras/nonfinite.py); before the preemption
         out.append(classes["StopOnNonFiniteLoss"]())  # checkpoint, which must not save a NaN batch's weights
+    out.append(classes["EpochOrder"]())         # sets hk.distributed_batches' epoch; nothing for other data
     if preemption_checkpoint is not None:
         out.append(classes["PreemptionCheckpoint"](preemption_checkpoint))
     if broadcast:
@@ -102,6 +103,7 @@ def _callback_classes(mode: str) -> dict[str, type]:
                           "MetricAverage": _metric_average(keras, backend),
                           "LearningRateWarmup": _learning_rate_warmup(keras),
                           "PreemptionCheckpoint": _preemption_checkpoint(keras),
+                          "EpochOrder": _epoch_order(keras),
                           "StragglerReport": straggler_report(keras, backend),
                           "StopOnNonFiniteLoss": nonfinite_loss_callback(keras, backend),
                           "TrainEndBarrier": _train_end_barrier(keras, backend)}
@@ -127,7 +129,9 @@ def _broadcast_initial_state(keras, backend) -> type:
 
         def on_train_begin(self, logs=None):
             check_distributed(self.model.optimizer)
-            if current().size > 1:
+            if _batches_of(self.model) is not None:     # hk.distributed_batches: sharded by construction
+                self.checked = True
+            elif current().size > 1:
                 self.checked = check_data_differs(backend, self.model, self.root_rank) or self.checked
             if not self.done:
                 broadcast_state(self.model, self.model.optimizer, self.root_rank)
@@ -250,6 +254,53 @@ def _learning_rate_warmup(keras) -> type:
     return LearningRateWarmup
 
 
+def _batches_of(model):
+    """The ``hk.distributed_batches`` that fit is training ``model`` on, or None for other data."""
+    x, _ = _fit_inputs(model)
+    return x if hasattr(x, "start_sample") and hasattr(x, "position") else None
+
+
+def _fit_shuffles(model) -> bool:
+    """Whether fit was asked to shuffle (its default): for a PyDataset, Keras then shuffles the batches' order."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            return bool(frame.f_locals.get("shuffle", False))
+        frame = frame.f_back
+    return False
+
+
+def _epoch_order(keras) -> type:
+    class EpochOrder(keras.callbacks.Callback):
+        """Gives ``hk.distributed_batches`` each epoch's number, as ``sampler.set_epoch`` does for torch.
+
+        A pass that starts mid-epoch (``batches.resume``) has fewer batches,
+        and Keras gives every epoch of one fit the same number, so such a
+        fit must cover that epoch alone: :func:`hvdkit.keras.data.fit` does.
+        """
+
+        def on_train_begin(self, logs=None):
+            self.data = _batches_of(self.model)
+            if self.data is not None and _fit_shuffles(self.model):
+                raise ValueError("model.fit(batches) shuffles the order of hk.distributed_batches' batches, so a "
+                                 "checkpoint could not say which samples were trained on: call hk.fit(model, batches, "
+                                 "...) or model.fit(batches, shuffle=False); the batches shuffle their rows themselves")
+            if self.data is not None and self.data.start_sample and self.params.get("epochs") != self.data.epoch + 1:
+                raise ValueError(f"these batches resume epoch {self.data.epoch} at sample {self.data.start_sample}, "
+                                 "which Keras cannot fit together with other epochs: call hk.fit(model, batches, "
+                                 "epochs=..., callbacks=...) instead of model.fit")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.data is None or epoch == self.data.epoch:
+                return
+            if self.data.start_sample:
+                raise ValueError(f"these batches resume epoch {self.data.epoch}, but fit began epoch {epoch}: call "
+                                 "hk.fit(model, batches, epochs=..., callbacks=...) instead of model.fit")
+            self.data.set_epoch(epoch)
+
+    return EpochOrder
+
+
 def _preemption_checkpoint(keras) -> type:
     class PreemptionCheckpoint(keras.callbacks.Callback):
         """On a termination signal on any rank: checkpoint at the next batch end on every rank, then exit."""
@@ -264,6 +315,7 @@ def _preemption_checkpoint(keras) -> type:
 
         def on_train_begin(self, logs=None):
             check_checkpoint_path(self.path, self.model, self.model.optimizer)
+            self.data = _batches_of(self.model)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -272,10 +324,15 @@ def _preemption_checkpoint(keras) -> type:
             self.batches_done += 1
             if self.guard.requested():
                 self.stopped_at = (self.epoch, batch + 1)
-                # In a directory the file is named by the global step, so a later preemption sorts newer.
-                steps = self.params.get("steps")
-                step = self.epoch * steps + batch + 1 if steps else self.batches_done
-                where = {"step": step} if is_directory_target(self.path) else {}
+                where = {}
+                if self.data is not None:   # the job's count of samples: resumable on any number of ranks
+                    where["samples"] = self.data.position(batch + 1)
+                    step = self.epoch * self.data.epoch_size + where["samples"]
+                else:                        # this rank's batches: the same number of ranks must resume it
+                    steps = self.params.get("steps")
+                    step = self.epoch * steps + batch + 1 if steps else self.batches_done
+                if is_directory_target(self.path):     # named by the step, so a later preemption sorts newer
+                    where["step"] = step
                 # Every rank waits for rank 0's write and its outcome before any exits (core/preemption.py).
                 self.guard.save_and_exit(save_checkpoint, self.path, self.model, self.model.optimizer,
                                          epoch=self.epoch, batch=batch + 1, **where)

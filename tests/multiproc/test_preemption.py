@@ -165,3 +165,84 @@ def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_p
         assert r["base_lrs"] == [[pytest.approx(0.1 * size)]] * schedulers, r["base_lrs"]
         if scheduler == "warmup":
             assert r["lr"] == [pytest.approx(0.1 * size)]
+
+
+@pytest.mark.parametrize("mode, size, controller", [("tensorflow", 3, "mpi"), ("tensorflow", 1, "gloo"),
+                                                    ("torch", 3, "gloo"), ("torch", 1, "mpi")])
+def test_a_keras_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, mode, size, controller):
+    """Issue 34, case 3, for Keras: the preemption checkpoint recorded each rank's batch index only, and fit
+    restarted the epoch, so a resumed job saw the finished part of the epoch again (and a bigger job skipped
+    none of it but repeated it all). Now the job's count of samples is stored and hk.fit finishes the epoch
+    from there: after epoch 0 every sample was trained on exactly once (each one-hot row's weight is -0.01)."""
+    worker, ckpt = str(WORKERS / "keras_resize.py"), str(tmp_path / "ckpt.npz")
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    first.mkdir()
+    resumed.mkdir()
+    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(first), "--mode", mode, "--ckpt", ckpt,
+                                      "--phase", "first"], controller), timeout=180)
+    assert proc.returncode == REQUEUE_EXIT_CODE, proc.stdout[-3000:]
+    assert [r["size"] for r in read_rank_results(first, 2, proc.stdout)] == [2, 2]
+    proc = run_job(horovodrun_cmd(size, [worker, "--out", str(resumed), "--mode", mode, "--ckpt", ckpt,
+                                         "--phase", "resume"], controller), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    after = read_rank_results(resumed, size, proc.stdout)
+    assert [r["size"] for r in after] == [size] * size
+    for r in after:
+        assert r["samples"] == 300 and r["start"] == [0, 300] and r["batches"] == 300 // (10 * size)
+        assert r["lr"] == pytest.approx(0.1 * size), "the rate scale_lr(0.1) gives for the new size"
+        kernel = r["kernel"]
+        missing = [i for i, w in enumerate(kernel) if abs(w) < 1e-6]
+        twice = [i for i, w in enumerate(kernel) if w < -0.015]
+        assert not missing and not twice, f"{len(missing)} samples never seen, {len(twice)} seen twice"
+        assert kernel == pytest.approx([-0.01] * 600, abs=1e-6)
+
+
+@pytest.mark.parametrize("controller", ["default", "gloo"])
+def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_processes(tmp_path, controller):
+    """examples/keras_mnist.py --checkpoint-dir DIR under `hvdkit launch`: SIGTERM to rank 1 mid-run -> every
+    rank stops at one batch, the launcher exits 75 over a checkpoint named by the job's sample count; --resume
+    on 3 processes finishes the epoch from that sample at the 3-process rate. Before, the Keras example had no
+    --resume, and the preemption checkpoint held each rank's batch index, which a 3-process job misreads."""
+    ckpts = tmp_path / "ckpts"
+    example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "8", "--checkpoint-dir", str(ckpts), "--json"]
+    flags = ["--gloo"] if controller == "gloo" else []
+
+    def rank_1_pid() -> int:
+        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 8"],
+                              capture_output=True, text=True).stdout.split()
+        assert len(pids) == 2, pids
+        return int(max(pids, key=int))
+
+    launch = hvdkit_cmd("launch", "-np", "2", "-H", "localhost:2", *flags, "--", sys.executable, *example)
+    output, ended, code = signal_job(launch, lambda out: "Epoch 3/8" in out, rank_1_pid)
+    assert code == REQUEUE_EXIT_CODE and ended < 30, (code, ended, output[-3000:])
+    assert "final test accuracy" not in output
+    saved = sorted(p.name for p in ckpts.glob("ckpt-*.npz"))
+    assert len(saved) == 1, saved
+    step = int(saved[0][5:-4])           # epoch * 1438 samples + the samples of the stopped epoch
+    epoch, samples = divmod(step, 1438)
+    assert epoch >= 2 and 0 < samples < 1438 and samples % (2 * 32) == 0, (epoch, samples)
+    launch3 = hvdkit_cmd("launch", "-np", "3", "-H", "localhost:3", *flags, "--", sys.executable, *example,
+                         "--resume")
+    proc = run_job(launch3, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    result = json.loads(proc.stdout[proc.stdout.index('{"dataset"'):].splitlines()[0])
+    assert result["size"] == 3 and result["test_accuracy"] > 0.9
+    # The rest of the stopped epoch: (1438 - samples) over 3 ranks of 32, then whole epochs of ceil(1438/96).
+    rest = -(-(1438 - samples) // 96)
+    assert f"{rest}/{rest} " in proc.stdout and "15/15 " in proc.stdout, proc.stdout[-3000:]
+
+
+def test_model_fit_on_distributed_batches_refuses_what_would_lose_the_position(tmp_path):
+    """Keras shuffles a PyDataset's batches when fit's shuffle is on (its default), so the recorded sample
+    count named other samples: a resume saw 140 of 300 trained samples again and skipped 140. A mid-epoch
+    start in a fit of several epochs would cut every epoch to the first one's length."""
+    worker = str(WORKERS / "keras_resize.py")
+    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(tmp_path), "--mode", "tensorflow", "--ckpt", "unused",
+                                      "--phase", "misuse"]), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for r in read_rank_results(tmp_path, 2, proc.stdout):
+        shuffled, several = r["errors"]
+        assert "shuffle=False" in shuffled and "hk.fit(model, batches" in shuffled
+        assert "resume epoch 0 at sample 300" in several and "hk.fit(model, batches" in several
+        assert r["epochs"] == [1] and r["orders"][0] != r["orders"][1], "epoch 1 drew epoch 0's order again"
