@@ -39,12 +39,13 @@ class BenchLaunch:
 
 
 def _loopback_only(target: LaunchTarget) -> bool:
-    return all(h.name in LOCAL_NAMES for h in target.hosts.hosts)
+    """Every rank on this machine, by launch's answer (``-H $(hostname):2`` too)."""
+    return target.hosts.is_local_only()
 
 
 def _master_address(target: LaunchTarget) -> str:
     first = target.hosts.hosts[0].name
-    return "127.0.0.1" if first in LOCAL_NAMES else first
+    return "127.0.0.1" if first in LOCAL_NAMES or _loopback_only(target) else first
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from hvdkit.core import slurm
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string
+from hvdkit.core.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string, to_hosts_string
 from hvdkit.core.launch import LaunchTarget
 
 
@@ -75,6 +75,28 @@ def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = Non
                             "or list the hosts with -H host1:N,host2:N")
         return HostSpec((Host("localhost", local_slots),))
     raise UserError("no hosts given: pass -H host1:N,host2:N or --hostfile FILE (or run inside a Slurm allocation)")
+
+
+def resolve_hosts(args: argparse.Namespace, np: int | None,
+                  env: Mapping[str, str] | None = None) -> tuple[HostSpec, int, str | None]:
+    """Where a command's ranks run: the one rule for ``launch``, ``doctor``, ``bench`` and ``hosts``.
+
+    The hosts: -H, --hostfile or --slurm when given (what the user wrote wins
+    over the environment, as horovodrun's -H does); else the Slurm allocation
+    the command runs in; else ``np`` slots on this machine, as ``horovodrun
+    -np 2`` runs. The processes: -np, else the allocation's tasks, else every
+    slot listed. Returns (hosts, np, a note when hvdkit chose this machine).
+    Whether a host is this machine is :func:`hvdkit.core.hosts.is_this_machine`'s
+    answer everywhere (``localhost``, ``127.0.0.1``, or this machine's name).
+    """
+    env = os.environ if env is None else env
+    named = hosts_given(args) or slurm.in_allocation(env)
+    if np is None and not named:
+        raise UserError("-np is required (the number of processes) when no hosts are given: pass -np N to run N on "
+                        "this machine, or -H host1:N,host2:N, --hostfile FILE, or run inside a Slurm allocation")
+    hosts = spec_from_args(args, env, local_slots=np)
+    chosen = None if named else f"{to_hosts_string(hosts)}, this machine: no -H, --hostfile or Slurm allocation given"
+    return hosts, default_np(np, hosts, env), chosen
 
 
 def default_np(np: int | None, spec: HostSpec, env: Mapping[str, str] | None = None) -> int:

@@ -26,11 +26,11 @@ from hvdkit.cli.args import (
     add_np_argument,
     add_ssh_arguments,
     hosts_given,
-    spec_from_args,
+    resolve_hosts,
     target_from_args,
 )
+from hvdkit.core import slurm
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import parse_hosts_string
 from hvdkit.core.launch import BuildFlags, LaunchTarget
 from hvdkit.core.units import parse_byte_range
 
@@ -49,9 +49,9 @@ def _np_list(text: str) -> list[int]:
     return values
 
 
-def _target(args: argparse.Namespace, np: int) -> LaunchTarget:
-    """``np`` processes on the hosts given, else on this machine (a Slurm allocation alone does not count)."""
-    hosts = spec_from_args(args) if hosts_given(args) else parse_hosts_string(f"localhost:{np}")
+def _target(args: argparse.Namespace, np: int | None) -> LaunchTarget:
+    """``np`` processes where launch would run them (:func:`hvdkit.cli.args.resolve_hosts`)."""
+    hosts, np, _ = resolve_hosts(args, np)
     return target_from_args(args, np, hosts)
 
 
@@ -78,17 +78,19 @@ class AllreduceConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AllreduceConfig:
-        if args.np < 1:
+        if args.np is not None and args.np < 1:
             raise UserError(f"-np {args.np} is not a process count: use 1 or more")
         if args.repeats < 1 or args.rounds < 1:
             raise UserError(f"--repeats {args.repeats} --rounds {args.rounds}: use 1 or more for both")
-        _check_server_np(implementations("allreduce", _names(args.impls)), [args.np])
+        np = args.np if args.np is not None or hosts_given(args) or slurm.in_allocation(os.environ) else 2
+        target = _target(args, np)
+        _check_server_np(implementations("allreduce", _names(args.impls)), [target.np])
         if args.iterations is not None and args.iterations < 1:
             raise UserError(f"--iterations {args.iterations}: use 1 or more (or leave it out)")
         bench = AllreduceBench(sizes=tuple(parse_byte_range(args.sizes)),
                                impls=implementations("allreduce", _names(args.impls)), repeats=args.repeats,
                                resnet=not args.no_resnet, iterations=args.iterations)
-        return cls(target=_target(args, args.np), bench=bench, rounds=args.rounds, output=BenchOutput.from_args(args))
+        return cls(target=target, bench=bench, rounds=args.rounds, output=BenchOutput.from_args(args))
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         if args.repeats < 1:
             raise UserError(f"--repeats {args.repeats}: use 1 or more")
-        np_list = _np_list(args.np_list)
+        np_list = ([_target(args, None).np] if hosts_given(args) or slurm.in_allocation(os.environ) else [2]) \
+            if args.np_list is None else _np_list(args.np_list)
         impls = implementations("train", _names(args.impls))
         _check_server_np(impls, np_list)
         bench = TrainBench(models=_names(args.models), impls=impls, batch_size=args.batch_size, steps=args.steps,
@@ -152,7 +155,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ar = kinds.add_parser("allreduce", help="allreduce bandwidth sweep and ResNet-50 tensor fusion",
                           epilog=_implementations_epilog("allreduce"),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_np_argument(ar, default=2, help="processes (default %(default)s)")
+    add_np_argument(ar, help="processes (default: every slot of the hosts given or the Slurm allocation's tasks, as "
+                             "for launch; 2 on this machine when no hosts are given)")
     ar.add_argument("--sizes", default="4K:256M", help="LOW:HIGH (powers of 4) or a list, e.g. 1M,16M (default "
                                                        "%(default)s)")
     ar.add_argument("--repeats", type=int, default=5, help="timed repeats per size in each launch (median taken)")
@@ -169,8 +173,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     tr = kinds.add_parser("train", help="training throughput and time split: hvdkit vs Horovod by hand vs torchrun+DDP",
                           epilog=_implementations_epilog("train"), formatter_class=argparse.RawDescriptionHelpFormatter)
-    tr.add_argument("-np", "--num-proc", dest="np_list", default="2",
-                    help="process counts, e.g. 1,2 (scaling efficiency is reported against the first)")
+    tr.add_argument("-np", "--num-proc", dest="np_list",
+                    help="process counts, e.g. 1,2 (scaling efficiency is reported against the first; default: as "
+                         "for launch, every slot of the hosts given or the allocation's tasks, else 2 here)")
     tr.add_argument("--models", default=",".join(MODELS),
                     help="mnist (the example's convnet), resnet50 (synthetic images)")
     tr.add_argument("--impls", default=",".join(i.name for i in implementations("train")),

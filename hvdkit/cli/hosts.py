@@ -13,7 +13,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from hvdkit.cli.args import add_host_arguments, add_np_argument, default_np, spec_from_args
+from hvdkit.cli.args import add_host_arguments, add_np_argument, resolve_hosts
 from hvdkit.core.hosts import HostSpec, rank_layout, to_hostfile, to_hosts_string
 
 
@@ -26,8 +26,8 @@ class HostsConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HostsConfig:
-        hosts = spec_from_args(args)
-        return cls(hosts=hosts, np=default_np(args.np, hosts), to=args.to, json=args.json)
+        hosts, np, _ = resolve_hosts(args, args.np)        # as launch resolves them
+        return cls(hosts=hosts, np=np, to=args.to, json=args.json)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

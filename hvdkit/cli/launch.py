@@ -25,15 +25,12 @@ from hvdkit.cli.args import (
     add_host_arguments,
     add_np_argument,
     add_ssh_arguments,
-    default_np,
-    hosts_given,
-    spec_from_args,
+    resolve_hosts,
     target_from_args,
 )
-from hvdkit.core import slurm
 from hvdkit.core.argtypes import positive_int
 from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, RankPlacement, to_hosts_string
+from hvdkit.core.hosts import RankPlacement
 from hvdkit.core.launch import (
     BuildFlags,
     LaunchConfig,
@@ -66,14 +63,16 @@ class LaunchCommandConfig:
         cmd = tuple(args.train_command[1:] if args.train_command[:1] == ["--"] else args.train_command)
         check_command(cmd)
         check_horovod_environment()
-        named = hosts_given(args) or args.host_discovery_script
-        from_slurm = args.slurm or (not named and slurm.in_allocation(os.environ))
-        if args.np is None and not from_slurm:
-            raise UserError("-np is required (the number of processes), except inside a Slurm allocation")
-        hosts = _hosts(args)
-        chosen = (None if named or from_slurm
-                  else f"{to_hosts_string(hosts)}, this machine: no -H, --hostfile or Slurm allocation given")
-        target = target_from_args(args, default_np(args.np, hosts), hosts)
+        if args.host_discovery_script:
+            if args.np is None:
+                raise UserError("-np is required with --host-discovery-script (the processes to start with)")
+            hosts, np, chosen = discover_hosts(args.host_discovery_script, args.slots), args.np, None
+        else:
+            if args.slots is not None:
+                raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
+                                "--hostfile or --slurm the slots are in the host list")
+            hosts, np, chosen = resolve_hosts(args, args.np)     # the rule doctor, bench and hosts follow too
+        target = target_from_args(args, np, hosts)
         timeline = os.path.abspath(args.timeline) if args.timeline else None
         if timeline:
             check_timeline(timeline, hosts)
@@ -82,18 +81,6 @@ class LaunchCommandConfig:
                                       elastic_timeout=args.elastic_timeout, reset_limit=args.reset_limit,
                                       slots=args.slots, timeline=timeline)
         return cls(launch=launch, dry_run=args.dry_run, check_hosts=not args.no_check, hosts_chosen=chosen)
-
-
-def _hosts(args: argparse.Namespace) -> HostSpec:
-    """The host list, or what the discovery script prints now (run once here, as horovodrun will run it).
-
-    With no hosts and no Slurm allocation, -np slots on this machine, as ``horovodrun -np 2`` runs.
-    """
-    script = args.host_discovery_script
-    if args.slots is not None and not script:
-        raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
-                        "--hostfile or --slurm the slots are in the host list")
-    return discover_hosts(script, args.slots) if script else spec_from_args(args, local_slots=args.np)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

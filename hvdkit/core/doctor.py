@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from hvdkit.core.console import text_table
 from hvdkit.core.envreport import EnvReport, collect
-from hvdkit.core.hosts import LOCAL_NAMES, HostSpec
+from hvdkit.core.hosts import HostSpec, is_this_machine
 from hvdkit.core.launch import BuildFlags, LaunchTarget, plan_launch
 from hvdkit.core.remote import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
 
@@ -35,10 +35,11 @@ COMPARED_PACKAGES = ("torch", "tensorflow", "keras", "horovod")
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    """The hosts to check, reached as a job would be (a :class:`LaunchTarget` over every slot)."""
+    """The hosts to check, reached as a job would be: the :class:`LaunchTarget` and controller launch would use."""
 
     target: LaunchTarget
     allreduce: bool = True
+    controller: str = "auto"      # --mpi / --gloo, as for launch
 
     @property
     def hosts(self) -> HostSpec:
@@ -98,7 +99,7 @@ def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> t
 def _remote_report(host: str, cfg: DoctorConfig, checks: list[Check]) -> EnvReport | None:
     """``hvdkit env --json`` on ``host`` (over ssh unless local); appends the ssh check, and hvdkit's if it fails."""
     remote = f"{shlex.quote(cfg.python)} -m hvdkit env --json"
-    if host in LOCAL_NAMES:
+    if is_this_machine(host):           # launch's own answer: it does not ssh to this machine either
         argv = [cfg.python, "-m", "hvdkit", "env", "--json"]
         checks.append(Check(host, "ssh", True, "local host: no ssh needed"))
     else:
@@ -182,17 +183,19 @@ def common_interface(reports: dict[str, EnvReport], requested: str | None,
     return check, routable[0]
 
 
-def cross_host_allreduce(cfg: DoctorConfig, interface: str | None) -> Check:
-    """A one-float allreduce over every slot (``python -m hvdkit.selfcheck``, on Gloo, as a job would launch)."""
-    target = replace(cfg.target, np=cfg.hosts.total_slots, network_interface=interface)
-    launch = target.launch_config((cfg.python, "-m", "hvdkit.selfcheck"), controller="gloo")
-    argv = list(plan_launch(launch, BuildFlags(mpi=False, gloo=True)).argv)
+def cross_host_allreduce(cfg: DoctorConfig, interface: str | None, build: BuildFlags | None = None) -> Check:
+    """A one-float allreduce over the job's ranks (``python -m hvdkit.selfcheck``), launched as ``hvdkit launch``
+    would launch the job: the same hosts, -np and controller (:func:`hvdkit.core.launch.plan_launch`)."""
+    target = replace(cfg.target, network_interface=interface or cfg.target.network_interface)
+    launch = target.launch_config((cfg.python, "-m", "hvdkit.selfcheck"), controller=cfg.controller)
+    plan = plan_launch(launch, build or BuildFlags.detect())
+    argv = list(plan.argv)
     start = time.time()
     rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
     lines = [line for line in out.splitlines() if "hvdkit-selfcheck" in line]
-    ok = rc == 0 and len(lines) == cfg.hosts.total_slots and all("ok=True" in line for line in lines)
+    ok = rc == 0 and len(lines) == target.np and all("ok=True" in line for line in lines)
     hosts = sorted({line.split("host=")[1].split()[0] for line in lines})
-    detail = (f"{len(lines)} ranks on {', '.join(hosts)} in {time.time() - start:.1f}s" if ok
+    detail = (f"{len(lines)} ranks on {', '.join(hosts)} over {plan.controller} in {time.time() - start:.1f}s" if ok
               else f"exit {rc}: {((err or out).strip().splitlines() or ['no output'])[-1][:200]}")
     fix = "" if ok else "run the command by hand with --verbose: " + shlex.join(argv)
     return Check("*", "allreduce", ok, detail, fix)

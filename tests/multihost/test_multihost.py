@@ -81,6 +81,11 @@ def test_doctor_passes_on_a_healthy_cluster(cluster):
     allreduce = [c for c in report["checks"] if c["name"] == "allreduce"][0]
     assert "4 ranks on hosta, hostb" in allreduce["detail"]
     assert elapsed < 60
+    # Issue 37: doctor ran its allreduce on Gloo while launch ran MPI; now it checks the job launch would run.
+    plan = cluster.run_on("hosta", hvdkit_cmd("launch", "--dry-run", "-H", HOSTS, "-p", str(PORT), "--", "python",
+                                              "-c", "pass"), timeout=60, env=job_env()).stdout
+    controller = plan.split("\n  (", 1)[1].split(":", 1)[0]
+    assert controller in ("mpi", "gloo") and f"over {controller} " in allreduce["detail"], (plan, allreduce)
 
 
 def test_doctor_names_a_host_whose_sshd_is_down(cluster):

@@ -79,7 +79,8 @@ def test_warmup_schedule_and_metric_averaging(launch, mode):
     for r in (r0, r1):
         assert r["lrs"] == pytest.approx(expected, rel=1e-6), "per-batch warmup from lr/size to lr over 1 epoch"
     # hvdkit's callbacks first, in order; file writers (here CSVLogger) on rank 0 only; the barrier at the end.
-    ours = ["StopOnNonFiniteLoss", "BroadcastInitialState", "MetricAverage", "LearningRateWarmup", "StragglerReport"]
+    ours = ["StopOnNonFiniteLoss", "EpochOrder", "BroadcastInitialState", "MetricAverage", "LearningRateWarmup",
+            "StragglerReport"]
     assert r0["callbacks"] == [*ours, "RecordLR", "CSVLogger", "TrainEndBarrier"]
     assert r1["callbacks"] == [*ours, "RecordLR", "TrainEndBarrier"]
     # fit's reported metrics are the mean of the ranks' own values, on every rank.

@@ -64,7 +64,8 @@ def test_the_launch_plan_carries_the_layout_it_checked_np_with():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["launch", "-H", "a:2", "--", "python", EXAMPLE], "-np is required"),
+    (["launch", "--", "python", EXAMPLE], "-np is required"),
+    (["doctor"], "-np is required"),
     (["launch", "-np", "2", "-H", "a:2", "--slots", "2", "--", "python", EXAMPLE], "--slots is for hosts"),
     (["launch", "-np", "2", "-H", "a:2"], "no training command"),
     (["bench", "allreduce", "--impls", "hvdkit,horovod-auto"], "unknown implementation 'horovod-auto'"),
@@ -103,3 +104,54 @@ def test_hosts_and_bench_configs():
     tr = config("bench", "train", "-np", "1,2", "-H", "a:1,b:1")
     assert isinstance(tr, TrainConfig) and [t.np for t in tr.targets] == [1, 2]
     assert all(t.hosts == parse_hosts_string("a:1,b:1") for t in tr.targets)
+
+
+def _where(argv: list[str]):
+    """(hosts string, np) each command resolves for the same host arguments."""
+    import socket  # noqa: F401
+
+    from hvdkit.core.hosts import to_hosts_string
+
+    launch = config("launch", *argv, "--", "python", EXAMPLE).launch
+    doctor = config("doctor", *argv).doctor.target
+    bench = config("bench", "allreduce", *argv).target
+    hosts = config("hosts", *argv)
+    return {"launch": (to_hosts_string(launch.hosts), launch.np), "doctor": (to_hosts_string(doctor.hosts), doctor.np),
+            "bench": (to_hosts_string(bench.hosts), bench.np), "hosts": (to_hosts_string(hosts.hosts), hosts.np)}
+
+
+@pytest.mark.parametrize("argv", [["-np", "2"], ["-H", "HOST:2"], ["-np", "2", "-H", "HOST:3"],
+                                  ["-np", "2", "-H", "HOST:2"]])
+def test_every_command_resolves_hosts_and_processes_alike(argv, monkeypatch):
+    """Issue 37: launch required -np, doctor ignored it, bench used localhost:np and ignored a Slurm
+    allocation, hosts used every slot. Now one rule (hvdkit.cli.args.resolve_hosts) for all four."""
+    import socket
+
+    for name in [k for k in __import__("os").environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    me = socket.gethostname()
+    argv = [a.replace("HOST", me) for a in argv]
+    where = _where(argv)
+    assert len(set(where.values())) == 1, where
+    if "-H" not in argv:
+        assert where["launch"] == ("localhost:2", 2)
+
+
+def test_every_command_takes_a_slurm_allocation_when_no_hosts_are_given(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    where = _where([])
+    assert set(where.values()) == {("node1:2,node2:2", 4)}, where
+
+
+def test_this_machine_by_its_own_name_is_local_to_every_command(monkeypatch):
+    """-H $(hostname):2: launch skipped ssh, doctor ssh'd to itself, bench left DDP out (it runs on one host)."""
+    import socket
+
+    from hvdkit.bench.runner import _loopback_only, _master_address
+
+    target = config("bench", "train", "-np", "2", "-H", f"{socket.gethostname()}:2").targets[0]
+    assert _loopback_only(target) and _master_address(target) == "127.0.0.1"
+    assert config("doctor", "-H", f"{socket.gethostname()}:2").doctor.target.hosts.is_local_only()
