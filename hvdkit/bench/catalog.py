@@ -30,7 +30,7 @@ class Implementation:
     framework: str              # what the worker calls: "hvdkit", "horovod", "torch.distributed", "mpi4py" or "ps"
     description: str
     # horovodrun's controller: "auto" is whatever `hvdkit launch` would pick
-    # (horovodrun too prefers MPI when Horovod has it); None: started by torchrun.
+    # (hvdkit.core.launch.choose_controller); None: started by torchrun.
     controller: str | None = "auto"
     average: bool = True        # mpi4py: scale the sum by 1/size after the allreduce
     reference: bool = False     # the allreduce table gives hvdkit's bandwidth as a share of this one's

@@ -85,7 +85,7 @@ class LaunchCommandConfig:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
-                            description="Plan a horovodrun command (MPI when Horovod has it, else Gloo), "
+                            description="Plan a horovodrun command (MPI on one host or with NCCL, Gloo across CPU hosts), "
                                         "check the hosts answer over ssh with this hvdkit version, print the "
                                         "command, run it.")
     add_np_argument(parser, type=positive_int, help="number of processes (elastic: to start with; in a Slurm "

@@ -29,10 +29,11 @@ CONTROLLERS = ("auto", "mpi", "gloo")
 
 @dataclass(frozen=True)
 class BuildFlags:
-    """The controllers the installed Horovod was built with (from ``hvdkit env``)."""
+    """The controllers the installed Horovod was built with, and whether it has NCCL (from ``hvdkit env``)."""
 
     mpi: bool
     gloo: bool
+    nccl: bool = False         # the GPU flavour: NCCL carries the gradients, the controller only negotiates
 
     @classmethod
     def detect(cls) -> BuildFlags:
@@ -40,7 +41,7 @@ class BuildFlags:
         build, error = probe_horovod()
         if build is None:
             raise UserError(f"Horovod is not usable here ({error}): run scripts/install.sh")
-        return cls(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"])
+        return cls(mpi=build.controllers["mpi"], gloo=build.controllers["gloo"], nccl=bool(build.nccl_version))
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,20 @@ class LaunchPlan:
         return shlex.join(self.argv)
 
 
-def choose_controller(requested: str, build: BuildFlags) -> tuple[str, str]:
-    """MPI when Horovod has it, else Gloo.
+def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None = None) -> tuple[str, str]:
+    """``--mpi``/``--gloo`` when asked; else the controller measured faster for this job, among those built.
 
-    Horovod over MPI moved more bytes than over Gloo from 1 MiB to 256 MiB in ``make bench``
-    (docs/bench/allreduce.txt, 2 processes: 1.78 against 1.00 GB/s at 16 MiB, 1.42 against 0.78 at 256 MiB).
+    - One host: MPI. Over shared memory Horovod's MPI allreduce took 1.1-30 ms
+      against Gloo's 4.3-66 ms from 1 to 64 MiB (docs/bench/controller_choice.txt;
+      also ``make bench``: 1.78 against 1.00 GB/s at 16 MiB).
+    - Several hosts, CPU (a build without NCCL): Gloo. Over TCP Open MPI's
+      allreduce is not a ring, and Horovod on Gloo was faster in 10 of 12
+      (hosts, size) cells from 2 to 4 hosts and 1 to 64 MiB, e.g. 4 hosts at
+      16 MiB 428 ms against 920 ms (Open MPI's choice) and 524 ms (ring forced
+      with coll_tuned_allreduce_algorithm=4); the forced ring won once (3 hosts,
+      64 MiB, by 13%) and Open MPI's choice once (4 hosts, 1 MiB, by 5%).
+    - Several hosts with NCCL (the GPU flavour): MPI. NCCL moves the gradients
+      and the controller only negotiates, so Gloo's TCP ring buys nothing there.
     """
     if requested not in CONTROLLERS:
         raise UserError(f"controller {requested!r} is unknown: use one of {', '.join(CONTROLLERS)}")
@@ -124,8 +134,14 @@ def choose_controller(requested: str, build: BuildFlags) -> tuple[str, str]:
                         "scripts/install.sh")
     if requested != "auto":
         return requested, "asked for"
+    multi_host = hosts is not None and not hosts.is_local_only()
+    if multi_host and not build.nccl and build.gloo:
+        return "gloo", ("several hosts on CPU: Horovod's Gloo ring beat MPI's allreduce over TCP "
+                        "(docs/bench/controller_choice.txt); --mpi to override")
     if build.mpi:
-        return "mpi", "Horovod was built with MPI (faster allreduce than Gloo here)"
+        if multi_host:
+            return "mpi", "NCCL carries the gradients; MPI only negotiates (--gloo to override)"
+        return "mpi", "one host: MPI's shared-memory allreduce is faster than Gloo's (--gloo to override)"
     if build.gloo:
         return "gloo", "Horovod was built without MPI"
     raise UserError("Horovod was built with neither MPI nor Gloo: rebuild it with scripts/install.sh")
@@ -183,7 +199,7 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         if cfg.hosts is None:
             raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or "
                             "--host-discovery-script SCRIPT")
-        controller, reason = choose_controller(cfg.controller, build)
+        controller, reason = choose_controller(cfg.controller, build, cfg.hosts)
         argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]
     if cfg.ssh_port is not None:
         argv += ["-p", str(cfg.ssh_port)]

@@ -77,7 +77,7 @@ from hvdkit.core.errors import UserError
 # On GPUs Horovod's default stays: NCCL is tuned for large buffers (not measured here: no GPU was lent).
 # The training step: see docs/BENCHMARKS.md's Tuning table.
 #
-# Controller: see hvdkit.core.launch.choose_controller (MPI when built).
+# Controller: see hvdkit.core.launch.choose_controller (MPI on one host or with NCCL, Gloo across CPU hosts).
 # Threads: see hvdkit.core.topology.cpu_threads_per_rank (cores / local ranks).
 
 

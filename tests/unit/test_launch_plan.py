@@ -16,18 +16,36 @@ def cfg(**kw):
 
 def test_plan_is_the_horovodrun_line():
     plan = plan_launch(cfg(ssh_port=12345, network_interface="eth0", ssh_identity_file="/k"), BOTH)
-    assert plan.argv == ("horovodrun", "-np", "4", "-H", "hosta:2,hostb:2", "--mpi", "-p", "12345",
+    assert plan.argv == ("horovodrun", "-np", "4", "-H", "hosta:2,hostb:2", "--gloo", "-p", "12345",
                          "--ssh-identity-file", "/k", "--network-interface", "eth0", "python", "train.py")
-    assert plan.shell().startswith("horovodrun -np 4 -H hosta:2,hostb:2 --mpi")
+    assert plan.shell().startswith("horovodrun -np 4 -H hosta:2,hostb:2 --gloo")
 
 
-@pytest.mark.parametrize("build, requested, expected", [
-    (BOTH, "auto", "mpi"),
-    (BuildFlags(mpi=False, gloo=True), "auto", "gloo"),
-    (BOTH, "gloo", "gloo"),
+GPU = BuildFlags(mpi=True, gloo=True, nccl=True)
+
+
+@pytest.mark.parametrize("build, requested, hosts, expected", [
+    (BOTH, "auto", "hosta:2,hostb:2", "gloo"),         # several CPU hosts: Gloo's ring beat MPI over TCP
+    (BOTH, "auto", "localhost:4", "mpi"),              # one host: MPI's shared memory
+    (BOTH, "auto", "127.0.0.1:2,localhost:2", "mpi"),
+    (GPU, "auto", "hosta:2,hostb:2", "mpi"),           # NCCL carries the data; MPI negotiates
+    (BuildFlags(mpi=False, gloo=True), "auto", "localhost:4", "gloo"),
+    (BuildFlags(mpi=True, gloo=False), "auto", "hosta:2,hostb:2", "mpi"),
+    (BOTH, "gloo", "localhost:4", "gloo"),
+    (BOTH, "mpi", "hosta:2,hostb:2", "mpi"),
 ])
-def test_controller_choice(build, requested, expected):
-    assert plan_launch(cfg(controller=requested), build).controller == expected
+def test_controller_choice(build, requested, hosts, expected):
+    plan = plan_launch(cfg(controller=requested, hosts=parse_hosts_string(hosts)), build)
+    assert plan.controller == expected
+    if requested == "auto" and build.mpi and build.gloo:     # the plan line says why, and how to override
+        assert ("--mpi to override" if expected == "gloo" else "--gloo to override") in plan.reason
+
+
+def test_this_machine_by_its_own_name_is_one_host_to_the_controller_choice():
+    import socket
+
+    plan = plan_launch(cfg(hosts=parse_hosts_string(f"{socket.gethostname()}:4")), BOTH)
+    assert plan.controller == "mpi"
 
 
 @pytest.mark.parametrize("kw, build, message", [
