@@ -10,7 +10,7 @@ one ``scaling.json``. This module reads it back:
    sweep on 2 hosts only: Horovod's Gloo ring by default, the one that ran at
    the link's rate (Open MPI's TCP allreduce did not: docs/BENCHMARKS.md);
 2. predicts every other measured exchange with that one network: the ring
-   for hvdkit (MPI) and Horovod's Gloo, the parameter server for ``ps``;
+   for hvdkit (launch's controller) and Horovod's Gloo, the parameter server for ``ps``;
 3. predicts each training step from its own measured local parts (input,
    forward and backward without communication, update) plus the predicted
    exchange, less what backward hides (the hidden share fitted on 2 hosts);
@@ -82,7 +82,8 @@ def analyse(study: dict, calibrate_on: str = CALIBRATE_ON) -> dict:
 def _train_points(study: dict, net: Network) -> list[dict]:
     """Each measured training step with its prediction: measured local parts plus the predicted exchange.
 
-    The ring's training runs are hvdkit's, over whatever ``hvdkit launch`` picks (Open MPI when built),
+    The ring's training runs are hvdkit's, over whatever ``hvdkit launch`` picks (Gloo across CPU hosts
+    since issue 37, Open MPI before),
     while the network is fitted on the calibration ring: the hidden share fitted on the fewest hosts
     absorbs any gap between the two there, not on more hosts.
     """
@@ -151,7 +152,7 @@ def plot_scaling(path: str, result: dict) -> None:
     largest = _largest_case(result["exchanges"])
     models = sorted({p["model"] for p in result["steps"]})
     fig, axes = plt.subplots(1, 1 + len(models), figsize=(5.5 * (1 + len(models)), 4.2), squeeze=False)
-    styles = {"hvdkit": ("tab:blue", "o", "ring, hvdkit (MPI)"),
+    styles = {"hvdkit": ("tab:blue", "o", "ring, hvdkit (launch's controller)"),
               "horovod-gloo": ("tab:cyan", "s", "ring, Horovod Gloo"),
               "mpi4py-avg": ("tab:gray", "x", "ring, raw Open MPI (mpi4py-avg)"),
               "torch": ("tab:green", "D", "ring, torch.distributed (Gloo)"),

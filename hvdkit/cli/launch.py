@@ -72,6 +72,8 @@ class LaunchCommandConfig:
                 raise UserError("--slots is for hosts a --host-discovery-script prints without ':N'; with -H, "
                                 "--hostfile or --slurm the slots are in the host list")
             hosts, np, chosen = resolve_hosts(args, args.np)     # the rule doctor, bench and hosts follow too
+            if args.np is None and chosen is None and hosts.source != "slurm":
+                chosen = f"-np {np}: every slot listed, as mpirun does; give -np to start fewer"
         target = target_from_args(args, np, hosts)
         timeline = os.path.abspath(args.timeline) if args.timeline else None
         if timeline:
@@ -85,11 +87,11 @@ class LaunchCommandConfig:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("launch", help="validate, print and run the horovodrun command for a job",
-                            description="Plan a horovodrun command (MPI on one host or with NCCL, Gloo across CPU hosts), "
-                                        "check the hosts answer over ssh with this hvdkit version, print the "
-                                        "command, run it.")
-    add_np_argument(parser, type=positive_int, help="number of processes (elastic: to start with; in a Slurm "
-                                                    "allocation default $SLURM_NTASKS)")
+                            description="Plan a horovodrun command (MPI on one host or with NCCL, Gloo across "
+                                        "CPU hosts), check the hosts answer over ssh with this hvdkit version, "
+                                        "print the command, run it.")
+    add_np_argument(parser, type=positive_int, help="number of processes (elastic: to start with; default: every "
+                                                    "slot of -H/--hostfile, or $SLURM_NTASKS in an allocation)")
     add_host_arguments(parser, discovery=True)
     elastic = parser.add_argument_group(
         "elastic", "--host-discovery-script or any of these makes the job elastic (on Gloo)")

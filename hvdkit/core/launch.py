@@ -109,20 +109,26 @@ class LaunchPlan:
         return shlex.join(self.argv)
 
 
-def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None = None) -> tuple[str, str]:
+def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None = None,
+                      np: int | None = None) -> tuple[str, str]:
     """``--mpi``/``--gloo`` when asked; else the controller measured faster for this job, among those built.
 
-    - One host: MPI. Over shared memory Horovod's MPI allreduce took 1.1-30 ms
+    - Ranks on one machine (whatever ``-H`` lists beyond the first ``np``
+      slots): MPI. Over shared memory Horovod's MPI allreduce took 1.1-30 ms
       against Gloo's 4.3-66 ms from 1 to 64 MiB (docs/bench/controller_choice.txt;
       also ``make bench``: 1.78 against 1.00 GB/s at 16 MiB).
-    - Several hosts, CPU (a build without NCCL): Gloo. Over TCP Open MPI's
-      allreduce is not a ring, and Horovod on Gloo was faster in 10 of 12
-      (hosts, size) cells from 2 to 4 hosts and 1 to 64 MiB, e.g. 4 hosts at
-      16 MiB 428 ms against 920 ms (Open MPI's choice) and 524 ms (ring forced
-      with coll_tuned_allreduce_algorithm=4); the forced ring won once (3 hosts,
-      64 MiB, by 13%) and Open MPI's choice once (4 hosts, 1 MiB, by 5%).
-    - Several hosts with NCCL (the GPU flavour): MPI. NCCL moves the gradients
-      and the controller only negotiates, so Gloo's TCP ring buys nothing there.
+    - Ranks on several machines, CPU (a build without NCCL): Gloo. Over TCP
+      Open MPI's allreduce is not a ring: Horovod on Gloo was faster than
+      Horovod on MPI with Open MPI's choice in 11 of 12 (hosts, size) cells
+      from 2 to 4 hosts and 1 to 64 MiB, and than MPI with the ring forced
+      (coll_tuned_allreduce_algorithm=4) in 11 of 12, e.g. 4 hosts at 16 MiB
+      428 ms against 920 and 524 ms. The forced ring won 3 hosts at 64 MiB
+      (by 13%); Open MPI's choice 4 hosts at 1 MiB (by 5%); 3 hosts at 16 MiB
+      was a tie (418 against 422 ms). Single rounds at load 2.5-4.
+    - Several machines with NCCL (the GPU flavour): MPI. NCCL moves the
+      gradients and the controller only negotiates, so Gloo's TCP ring buys
+      nothing there (not measured: no GPU). A NCCL build on CPU hosts keeps
+      MPI too: pass --gloo there.
     """
     if requested not in CONTROLLERS:
         raise UserError(f"controller {requested!r} is unknown: use one of {', '.join(CONTROLLERS)}")
@@ -134,17 +140,25 @@ def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None 
                         "scripts/install.sh")
     if requested != "auto":
         return requested, "asked for"
-    multi_host = hosts is not None and not hosts.is_local_only()
+    multi_host = len(machines(hosts, np)) > 1
     if multi_host and not build.nccl and build.gloo:
-        return "gloo", ("several hosts on CPU: Horovod's Gloo ring beat MPI's allreduce over TCP "
+        return "gloo", ("ranks on several hosts, CPU: Horovod's Gloo ring beat MPI's allreduce over TCP "
                         "(docs/bench/controller_choice.txt); --mpi to override")
     if build.mpi:
         if multi_host:
-            return "mpi", "NCCL carries the gradients; MPI only negotiates (--gloo to override)"
+            return "mpi", "Horovod has NCCL, which carries the gradients; MPI only negotiates (--gloo to override)"
         return "mpi", "one host: MPI's shared-memory allreduce is faster than Gloo's (--gloo to override)"
     if build.gloo:
         return "gloo", "Horovod was built without MPI"
     raise UserError("Horovod was built with neither MPI nor Gloo: rebuild it with scripts/install.sh")
+
+
+def machines(hosts: HostSpec | None, np: int | None = None) -> set[str]:
+    """The machines the first ``np`` slots of ``hosts`` are on; this machine, under any of its names, counts once."""
+    if hosts is None:
+        return set()
+    names = [p.host for p in rank_layout(hosts, np)] if np is not None and np <= hosts.total_slots else hosts.names
+    return {"this machine" if is_this_machine(name) else name for name in names}
 
 
 def check_command(command: tuple[str, ...], exists=os.path.exists) -> None:
@@ -199,7 +213,7 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         if cfg.hosts is None:
             raise UserError("no hosts given: pass -H host1:N,host2:N, --hostfile FILE or "
                             "--host-discovery-script SCRIPT")
-        controller, reason = choose_controller(cfg.controller, build, cfg.hosts)
+        controller, reason = choose_controller(cfg.controller, build, cfg.hosts, cfg.np)
         argv = [cfg.horovodrun, "-np", str(cfg.np), "-H", to_hosts_string(cfg.hosts), f"--{controller}"]
     if cfg.ssh_port is not None:
         argv += ["-p", str(cfg.ssh_port)]

@@ -70,6 +70,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
               "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
     if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume
         header["lr_scale"] = job_lr_scale(ctx, getattr(optimizer, "_hvdkit_op", "average"))  # at scale_lr's rate
+    if getattr(optimizer, "_hvdkit_warmup_target", None) is not None:    # hk.callbacks' warmup: where it goes
+        header["warmup_target"] = float(optimizer._hvdkit_warmup_target)
     header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
     header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
@@ -145,6 +147,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
         # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
         if factor != 1.0 and saves_learning_rate(optimizer):
             set_learning_rate(optimizer, get_learning_rate(optimizer) * factor)
+        if header.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size
+            optimizer._hvdkit_warmup_target = header["warmup_target"] * factor
     return header["extra"]
 
 

@@ -106,9 +106,10 @@ def _batches_class(mode: str) -> type:
 
         def __init__(self, x, y, batch_size: int, *, shuffle: bool, seed: int, drop_remainder: bool,
                      rank: int, size: int, **dataset_kwargs):
-            super().__init__(**dataset_kwargs)
+            if hasattr(utils, "PyDataset") or dataset_kwargs:
+                super().__init__(**dataset_kwargs)     # Keras 3's PyDataset; tf-keras's Sequence takes none
             self.x, self.y = x, y
-            lengths = {len(a) for a in ([x] if y is None else [x, y])}
+            lengths = {_length(a) for a in ([x] if y is None else [x, y])}
             if len(lengths) != 1:
                 raise ValueError(f"x and y have different lengths {sorted(lengths)}: pass the same samples")
             if batch_size < 1:
@@ -127,6 +128,9 @@ def _batches_class(mode: str) -> type:
             self.epoch, self.start_sample = epoch, start_sample
             self._rows = np.asarray(resume_indices(order.tolist(), start_sample, self.rank, self.size,
                                                    drop_last=self.drop_remainder), dtype=np.int64)
+            if start_sample and not len(self._rows):
+                raise ValueError(f"epoch {epoch} from sample {start_sample} leaves no batch on {self.size} ranks "
+                                 f"(drop_remainder={self.drop_remainder}): start the next epoch instead")
 
         def resume(self, extra: dict | None) -> None:
             """Continue where a checkpoint's ``extra`` (``epoch`` and ``samples``) says; None: from the start.
@@ -141,10 +145,16 @@ def _batches_class(mode: str) -> type:
                 raise ValueError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
                                  "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
             epoch, samples = int(extra["epoch"]), int(extra["samples"])
-            self.set_epoch(epoch + 1, 0) if samples >= self.epoch_size else self.set_epoch(epoch, samples)
+            rest = self.epoch_size - samples
+            if rest <= 0 or (self.drop_remainder and rest < self.size):     # nothing of that epoch left to train
+                self.set_epoch(epoch + 1, 0)
+            else:
+                self.set_epoch(epoch, samples)
 
         def position(self, batches: int) -> int:
             """Samples of the epoch the job has trained on after ``batches`` batches a rank since the pass began."""
+            if batches >= len(self):           # the whole pass, with drop_remainder's cut rows too
+                return self.epoch_size
             return min(self.start_sample + batches * self.batch_size * self.size, self.epoch_size)
 
         def __len__(self) -> int:
@@ -159,6 +169,15 @@ def _batches_class(mode: str) -> type:
 
     _BATCHES[mode] = DistributedBatches
     return DistributedBatches
+
+
+def _length(data) -> int:
+    """Samples in ``data``: an array's rows, or the first input's of a dict, list or tuple of inputs."""
+    if isinstance(data, dict):
+        return _length(next(iter(data.values())))
+    if isinstance(data, (list, tuple)):
+        return _length(data[0])
+    return len(data)
 
 
 def _take(data, rows):
@@ -176,7 +195,9 @@ def fit(model, data, *, epochs: int = 1, **fit_kwargs):
     rest of a preempted epoch (fewer batches) runs as a ``fit`` of its own,
     then the later epochs as another, with the same callbacks. ``data`` is a
     :func:`distributed_batches`. Returns the last ``History``, holding every
-    epoch's logs.
+    epoch's logs (None when ``data`` is already past ``epochs``). Callbacks
+    that keep state across epochs (EarlyStopping's patience, CSVLogger without
+    ``append=True``) start over at the second fit, as they do in a resumed job.
     """
     if not hasattr(data, "start_sample"):
         raise TypeError(f"hk.fit takes hk.distributed_batches(...), not {type(data).__name__}: call model.fit for "
@@ -186,11 +207,15 @@ def fit(model, data, *, epochs: int = 1, **fit_kwargs):
                         "passing initial_epoch")
     fit_kwargs["shuffle"] = False          # Keras would shuffle the batches' order; the rows are shuffled already
     history, logs = None, {}
-    if data.start_sample and data.epoch < epochs:
+    if data.epoch >= epochs:               # a resumed job that had finished: nothing left to train
+        return None
+    if data.start_sample:
         history = model.fit(data, epochs=data.epoch + 1, initial_epoch=data.epoch, **fit_kwargs)
         logs = dict(history.history)
         data.set_epoch(data.epoch + 1)
-    if data.epoch < epochs or history is None:
+        if getattr(model, "stop_training", False):       # EarlyStopping and the like ended it there
+            return history
+    if data.epoch < epochs:
         history = model.fit(data, epochs=epochs, initial_epoch=data.epoch, **fit_kwargs)
         for key, values in history.history.items():
             history.history[key] = logs.get(key, []) + list(values)

@@ -232,8 +232,13 @@ def _learning_rate_warmup(keras) -> type:
                 raise ValueError(f"callbacks(warmup_epochs={self.warmup_epochs}): fit does not know the steps per "
                                  "epoch of this data; give callbacks(warmup_steps=...) instead, or "
                                  "fit(steps_per_epoch=...)")
+            optimizer = self.model.optimizer
             if self.target is None:
-                self.target = get_learning_rate(self.model.optimizer)
+                # A resumed job's optimizer holds the rate its checkpoint saved, mid-warmup a lower one: the
+                # checkpoint carries the target (hvdkit.keras.checkpoint), rescaled for this world size.
+                self.target = getattr(optimizer, "_hvdkit_warmup_target", None) or get_learning_rate(optimizer)
+            optimizer._hvdkit_warmup_target = self.target
+            self.data = _batches_of(self.model)
             self.batches = 0
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -244,6 +249,10 @@ def _learning_rate_warmup(keras) -> type:
 
         def on_train_batch_begin(self, batch, logs=None):
             steps = self.params.get("steps")
+            if self.data is not None:        # hk.distributed_batches: a resumed epoch's rest has fewer batches
+                per_batch = self.data.batch_size * self.data.size
+                steps = -(-self.data.epoch_size // per_batch)
+                batch += self.data.start_sample // per_batch
             total = count_warmup_steps(self.warmup_steps, self.warmup_epochs, steps)
             # Without the epoch's length (warmup_steps only) the batches of this fit are counted instead.
             step = self.epoch * steps + batch if steps else self.batches

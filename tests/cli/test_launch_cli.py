@@ -53,3 +53,23 @@ def test_elastic_dry_run_refuses_one_remote_host_without_an_interface(tmp_path):
     proc = dry_run(tmp_path, "gpu1:8\\n")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "needs --network-interface" in proc.stderr and "gpu1" in proc.stderr
+
+
+def test_this_machine_by_its_own_name_is_local_to_launch_doctor_and_bench(tmp_path):
+    """Issue 37: -H $(hostname):2 was local to launch, but doctor ssh'd to itself and bench train left DDP out.
+    Real commands, no ssh server on this machine: doctor's checks and its allreduce pass without one."""
+    import json
+    import socket
+
+    me = f"{socket.gethostname()}:2"
+    doctor = run_hvdkit("doctor", "-H", me, "--json", timeout=180)
+    report = json.loads(doctor.stdout)
+    assert doctor.returncode == 0, doctor.stdout[-3000:]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["ssh"]["detail"] == "local host: no ssh needed"
+    assert "2 ranks on" in checks["allreduce"]["detail"] and "over mpi" in checks["allreduce"]["detail"]
+    launch = run_hvdkit("launch", "--dry-run", "-H", me, "--", "python", "-c", "pass", timeout=60)
+    assert launch.returncode == 0 and f"-np 2 -H {me} --mpi" in launch.stdout, launch.stdout
+    bench = run_hvdkit("bench", "train", "-H", me, "--models", "mnist", "--impls", "hvdkit,ddp", "--dry-run",
+                       "--out", str(tmp_path), timeout=60)
+    assert bench.returncode == 0 and "torch.distributed.run" in bench.stdout, bench.stdout + bench.stderr

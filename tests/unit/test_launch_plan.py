@@ -41,6 +41,15 @@ def test_controller_choice(build, requested, hosts, expected):
         assert ("--mpi to override" if expected == "gloo" else "--gloo to override") in plan.reason
 
 
+@pytest.mark.parametrize("hosts, np, expected", [
+    ("node1:8", 8, "mpi"),                 # one remote machine: its ranks share memory
+    ("hosta:4,hostb:4", 4, "mpi"),         # -np 4 fills hosta alone
+    ("hosta:4,hostb:4", 5, "gloo"),
+])
+def test_the_choice_counts_the_machines_the_ranks_land_on(hosts, np, expected):
+    assert plan_launch(cfg(hosts=parse_hosts_string(hosts), np=np), BOTH).controller == expected
+
+
 def test_this_machine_by_its_own_name_is_one_host_to_the_controller_choice():
     import socket
 

@@ -78,29 +78,29 @@ def test_the_committed_study_gives_what_the_readme_quotes():
     bench = ROOT / "docs" / "bench"
     result = analyse(json.loads((bench / "scaling.json").read_text()), "horovod-gloo")
     committed = json.loads((bench / "scaling-predicted.json").read_text())
-    assert (result["within"], result["points"]) == (committed["within"], committed["points"]) == (33, 66)
+    assert (result["within"], result["points"]) == (committed["within"], committed["points"]) == (44, 66)
     assert [round(p["predicted_s"], 9) for p in result["exchanges"]] == \
         [round(p["predicted_s"], 9) for p in committed["exchanges"]]
     sweep = [p for p in result["exchanges"] if p["case"] == "sweep" and not p["calibration"]]
     ps = [round(p["error"] * 100) for p in sweep if p["impl"] == "ps" and p["bytes"] >= 4 << 20]
-    assert (min(ps), max(ps)) == (-3, 13)
-    assert all(abs(p["error"]) <= 0.045 for p in sweep if p["impl"] == "torch")
-    ps_steps = [round(s["error"] * 100) for s in result["steps"] if s["impl"] == "ps" and s["model"] == "resnet50"]
-    assert (min(ps_steps), max(ps_steps)) == (2, 3)
+    assert (min(ps), max(ps)) == (-4, 20)
+    torch_ring = [p["error"] for p in sweep if p["impl"] == "torch" and p["bytes"] >= 4 << 20]
+    assert all(abs(e) <= 0.015 for e in torch_ring)                     # "within 1%" (rounded)
 
     def measured(impl, hosts):
         return next(p["measured_s"] for p in result["exchanges"]
                     if p["impl"] == impl and p["hosts"] == hosts and p["bytes"] == 64 << 20)
 
     ring, server = measured("torch", 4) / measured("torch", 2), measured("ps", 4) / measured("ps", 2)
-    assert (round(ring, 2), round(server, 2)) == (1.49, 1.99)
-    horovod_gloo = [round(p["error"] * 100) for p in sweep if p["impl"] == "horovod-gloo" and p["bytes"] >= 4 << 20]
-    assert min(horovod_gloo) == -20 and max(horovod_gloo) <= 20        # docs/MULTIHOST.md: "within 20%"
-    assert "within 20% of the ring's cost from 4 MiB up" in (ROOT / "docs" / "MULTIHOST.md").read_text()
-    by = {(p["impl"], p["hosts"], p["bytes"]): p["measured_s"] for p in sweep}
-    open_mpi = [by[(impl, n, k)] / by[("torch", n, k)] for impl in ("hvdkit", "mpi4py-avg") for n in (3, 4)
-                for k in (4 << 20, 16 << 20, 64 << 20)]
-    assert (round(min(open_mpi), 1), round(max(open_mpi), 1)) == (1.8, 3.3)
+    assert (round(ring, 2), round(server, 2)) == (1.5, 1.96)
+    # hvdkit, launched as hvdkit launch runs it (Gloo across these CPU hosts since issue 37)
+    assert {r["data"]["rows"][0]["controller"] for r in json.loads((bench / "scaling.json").read_text())["runs"]
+            if r["kind"] == "allreduce" and r["data"]["rows"][0]["impl"] == "hvdkit"} == {"gloo"}
+    steps = {s["hosts"]: round(s["error"] * 100) for s in result["steps"]
+             if s["impl"] == "hvdkit" and s["model"] == "resnet50"}
+    assert (steps[3], steps[4]) == (-14, -4)
+    hvdkit = [p for p in sweep if p["impl"] == "hvdkit" and p["bytes"] >= 4 << 20]
+    assert sum(abs(p["error"]) <= 0.15 for p in hvdkit) == 7 and len(hvdkit) == 9
     readme = (ROOT / "README.md").read_text()
-    for quoted in ("-3% to +13%", "+2-3%", "within 4%", "grows 1.49x, the server's 1.99x", "1.8-3.3x"):
+    for quoted in ("within 1%", "-4% to +20%", "ring 1.50x, server 1.96x", "-14% / -4%"):
         assert quoted in readme, quoted

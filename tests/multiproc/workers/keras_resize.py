@@ -26,6 +26,7 @@ import hvdkit.keras as hk
 p = argparse.ArgumentParser()
 p.add_argument("--ckpt", required=True)
 p.add_argument("--phase", choices=["first", "resume", "misuse"], required=True)
+p.add_argument("--warmup", action="store_true", help="warm up over 2 epochs; resume trains 3 and reports the rate")
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)
@@ -69,12 +70,17 @@ elif args.phase == "resume":
     batches.resume(extra)
     result.update(lr=float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)), samples=extra["samples"],
                   start=[batches.epoch, batches.start_sample], batches=len(batches))
+    if args.warmup:      # resumed inside the warmup: it must still ramp to scale_lr(0.1) for this size
+        hk.fit(model, batches, epochs=3, verbose=0, callbacks=hk.callbacks(warmup_epochs=2))
+        result["final_lr"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        write_result(args.out, ctx.rank, result)
+        raise SystemExit(0)
     hk.fit(model, batches, epochs=1, verbose=0, callbacks=hk.callbacks())
     result["kernel"] = keras.ops.convert_to_numpy(model.layers[0].kernel).ravel().tolist()
     write_result(args.out, ctx.rank, result)
 else:
     try:
-        hk.fit(model, batches, epochs=1, verbose=0, callbacks=hk.callbacks(SignalRank1(),
-                                                                            preemption_checkpoint=args.ckpt))
+        hk.fit(model, batches, epochs=1, verbose=0, callbacks=hk.callbacks(
+            SignalRank1(), preemption_checkpoint=args.ckpt, warmup_epochs=2 if args.warmup else None))
     finally:
         write_result(args.out, ctx.rank, result)
