@@ -31,6 +31,15 @@ def sigterm_one_rank(argv: list[str], ready, victim, controller: str = "gloo") -
     return output, ended
 
 
+def example_result(output: str) -> dict:
+    """The example's --json line; under MPI another rank's output tag may follow it on the same line."""
+    import re
+
+    match = re.search(r'\{"dataset"[^{}]*\}', output)
+    assert match, output[-3000:]
+    return json.loads(match.group(0))
+
+
 def progress_at_least(path: Path, target: tuple[int, ...]):
     def ready(_output: str) -> bool:
         text = path.read_text().split() if path.exists() else []
@@ -137,7 +146,7 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path, cont
     # Requeued onto another allocation: 3 processes continue the 2-process run's epoch from its sample.
     proc = run_job(horovodrun_cmd(3, [*example, "--resume"], controller), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    result = json.loads(proc.stdout[proc.stdout.index('{"dataset"'):].splitlines()[0])
+    result = example_result(proc.stdout)
     assert result["size"] == 3 and result["test_accuracy"] > 0.9
 
 
@@ -230,7 +239,7 @@ def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_pro
                          "--resume")
     proc = run_job(launch3, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    result = json.loads(proc.stdout[proc.stdout.index('{"dataset"'):].splitlines()[0])
+    result = example_result(proc.stdout)
     assert result["size"] == 3 and result["test_accuracy"] > 0.9
     # The rest of the stopped epoch: (1438 - samples) over 3 ranks of 32, then whole epochs of ceil(1438/96).
     rest = -(-(1438 - samples) // 96)
@@ -270,5 +279,5 @@ def test_a_keras_job_preempted_inside_its_warmup_still_warms_up_to_the_new_sizes
                                       "--phase", "resume", "--warmup"]), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(resumed, 3, proc.stdout):
-        assert r["lr"] < 0.15, "the checkpoint was taken mid-warmup, below 2 ranks' 0.2"
+        assert r["lr"] < 0.25, "taken mid-warmup: below 2 ranks' 0.2, rescaled x1.5 for 3 ranks"
         assert r["final_lr"] == pytest.approx(0.3), "the warmup ends at scale_lr(0.1) for 3 ranks"
