@@ -109,3 +109,17 @@ def resume_indices(order: Sequence[int], start: int, rank: int, size: int, *, dr
         pad = size - len(rest) % size
         rest += (list(order) * math.ceil(pad / len(order)))[:pad]
     return rest[rank::size]
+
+
+def samples_done(start: int, batches: int, batch_size: int, size: int, total: int,
+                 pass_batches: int | None = None) -> int:
+    """Samples of an epoch the whole job has trained on: ``start``, plus ``batches`` batches on each of ``size`` ranks.
+
+    What a checkpoint stores as the data position (the torch sampler's and
+    the Keras batches' ``position``), for :func:`resume_indices`. Capped at the
+    epoch's ``total``; once the pass's ``pass_batches`` are done it is the
+    whole epoch, so rows a ``drop_last`` pass cut are not resumed onto.
+    """
+    if pass_batches is not None and batches >= pass_batches:
+        return total
+    return min(start + batches * batch_size * size, total)

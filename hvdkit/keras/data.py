@@ -95,7 +95,7 @@ def _batches_class(mode: str) -> type:
         return _BATCHES[mode]
     import numpy as np
 
-    from hvdkit.core.sharding import resume_indices
+    from hvdkit.core.sharding import resume_indices, samples_done
     from hvdkit.keras.backend import keras_module
 
     utils = keras_module(mode).utils
@@ -153,9 +153,7 @@ def _batches_class(mode: str) -> type:
 
         def position(self, batches: int) -> int:
             """Samples of the epoch the job has trained on after ``batches`` batches a rank since the pass began."""
-            if batches >= len(self):           # the whole pass, with drop_remainder's cut rows too
-                return self.epoch_size
-            return min(self.start_sample + batches * self.batch_size * self.size, self.epoch_size)
+            return samples_done(self.start_sample, batches, self.batch_size, self.size, self.epoch_size, len(self))
 
         def __len__(self) -> int:
             return math.ceil(len(self._rows) / self.batch_size)

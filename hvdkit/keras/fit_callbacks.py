@@ -172,19 +172,25 @@ def check_data_differs(backend, model, root_rank: int = 0) -> bool:
     return True
 
 
-def _fit_inputs(model):
-    """The ``x`` and ``y`` that ``model.fit`` was called with, read from fit's frame; None where not found.
+def _fit_args(model) -> dict:
+    """The arguments ``model.fit`` was called with (its frame's locals); empty where not found.
 
     Keras gives callbacks no handle on fit's data, but fit's own frame holds
-    it, named ``x`` and ``y`` in Keras 3's trainers and in tf-keras. A Keras
-    that renames them only loses the check.
+    it, named ``x``, ``y`` and ``shuffle`` in Keras 3's trainers and in
+    tf-keras. A Keras that renames them only loses the checks.
     """
     frame = inspect.currentframe()
     while frame is not None:
         if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            return frame.f_locals.get("x"), frame.f_locals.get("y")
+            return frame.f_locals
         frame = frame.f_back
-    return None, None
+    return {}
+
+
+def _fit_inputs(model):
+    """The ``x`` and ``y`` that ``model.fit`` was called with; None where not found."""
+    args = _fit_args(model)
+    return args.get("x"), args.get("y")
 
 
 def _leaves(x) -> list:
@@ -271,12 +277,7 @@ def _batches_of(model):
 
 def _fit_shuffles(model) -> bool:
     """Whether fit was asked to shuffle (its default): for a PyDataset, Keras then shuffles the batches' order."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            return bool(frame.f_locals.get("shuffle", False))
-        frame = frame.f_back
-    return False
+    return bool(_fit_args(model).get("shuffle", False))
 
 
 def _epoch_order(keras) -> type:

@@ -27,7 +27,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.core import context
 from hvdkit.core.datacheck import same_everywhere
 from hvdkit.core.integrity import content_digest
-from hvdkit.core.sharding import resume_indices, shard_slice, shard_together, take_shard
+from hvdkit.core.sharding import resume_indices, samples_done, shard_slice, shard_together, take_shard
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
@@ -78,7 +78,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def position(self, batches: int) -> int:
         """Samples of this epoch the job has consumed after ``batches`` batches a rank since ``set_epoch``."""
-        return self.start_sample + batches * self.batch_size * self.num_replicas
+        return samples_done(self.start_sample, batches, self.batch_size, self.num_replicas, len(self.dataset))
 
     def _order(self) -> list[int]:
         n = len(self.dataset)

@@ -79,3 +79,12 @@ def test_resume_indices_pads_like_distributed_sampler_and_drops_with_drop_last()
     assert [resume_indices(list(range(10)), 6, r, 3) for r in range(3)] == [[6, 9], [7, 0], [8, 1]]
     assert [resume_indices(list(range(10)), 6, r, 3, drop_last=True) for r in range(3)] == [[6], [7], [8]]
     assert resume_indices(list(range(10)), 12, 0, 3) == []
+
+
+def test_samples_done_is_the_jobs_count_capped_at_the_epoch():
+    from hvdkit.core.sharding import samples_done
+
+    assert samples_done(280, 4, 10, 3, 400) == 400            # 280 + 120, the epoch's end
+    assert samples_done(0, 14, 10, 2, 400) == 280
+    assert samples_done(0, 3, 3, 3, 10, pass_batches=3) == 10  # a drop_last pass done: the whole epoch
+    assert samples_done(0, 1, 3, 3, 10, pass_batches=3) == 9      # mid-pass: batches x batch x ranks
