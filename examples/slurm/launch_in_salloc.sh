@@ -8,7 +8,9 @@
 #   sbatch -N 2 --ntasks-per-node=2 examples/slurm/launch_in_salloc.sh     # works the same
 #
 # GPUs per node, not per task: horovodrun starts the ranks, not srun, so Slurm binds
-# no GPU to a rank; each sees its node's GPUs and hvdkit pins its local rank.
+# no GPU to a rank; each sees its node's GPUs and hvdkit pins its local rank. Launch
+# picks MPI here: mpirun starts the other nodes' ranks with srun, inside the job and
+# its GPUs (--gloo would start them over ssh, outside it).
 # IFACE=ib0 names the interface between the nodes (--network-interface); unset, Horovod
 # and MPI choose. HVDKIT_VENV and EPOCHS override the defaults below.
 #

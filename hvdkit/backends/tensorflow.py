@@ -34,21 +34,20 @@ class TensorFlowBackend(Backend):
 
     def pin(self, rank: int, local_rank: int, local_size: int):
         gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)))
+        view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)) if gpus else ())
 
-            def pin(index: int) -> None:
-                tf.config.experimental.set_memory_growth(gpus[index], True)
-                tf.config.set_visible_devices(gpus[index], "GPU")
+        def pin(index: int) -> None:
+            tf.config.experimental.set_memory_growth(gpus[index], True)
+            tf.config.set_visible_devices(gpus[index], "GPU")
 
-            def gather(obj):
-                # On the CPU: NCCL would stop at two ranks on one GPU before the check could name them.
-                with tf.device("/CPU:0"):
-                    return self.allgather_object(obj, name="hvdkit.gpus")
+        def gather(obj):
+            # On the CPU: NCCL would stop at two ranks on one GPU before the check could name them.
+            with tf.device("/CPU:0"):
+                return self.allgather_object(obj, name="hvdkit.gpus")
 
-            # Pin first: Horovod's TensorFlow collectives start TensorFlow's runtime, which fixes the visible GPUs.
-            return pin_gpu(view, gather, pin, pin_first=True), "/GPU:0"   # the only GPU TensorFlow now sees
-        return None, "/CPU:0"
+        # Pin first: Horovod's TensorFlow collectives start TensorFlow's runtime, which fixes the visible GPUs.
+        gpu = pin_gpu(view, gather, pin, pin_first=True)
+        return gpu, "/CPU:0" if gpu is None else "/GPU:0"     # the only GPU TensorFlow now sees
 
     def set_threads(self, threads: int) -> None:
         if tf.config.threading.get_intra_op_parallelism_threads() != threads:

@@ -32,12 +32,11 @@ class TorchBackend(Backend):
         return torch.version.cuda
 
     def pin(self, rank: int, local_rank: int, local_size: int):
-        if torch.cuda.is_available():
-            # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
-            view = GPUView.here(rank, local_rank, local_size, cuda_driver.torch_gpu_uuids(torch))
-            gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
-            return gpu, torch.device("cuda", gpu)
-        return None, torch.device("cpu")
+        # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
+        uuids = cuda_driver.torch_gpu_uuids(torch) if torch.cuda.is_available() else ()
+        view = GPUView.here(rank, local_rank, local_size, uuids)
+        gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
+        return gpu, torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
     def set_threads(self, threads: int) -> None:
         torch.set_num_threads(threads)

@@ -116,11 +116,11 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     where = backend.topology()
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
     check_launcher(os.environ, where["size"], script)   # torchrun: N one-process jobs; say the launcher to use
-    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"])
-    if threads is None and gpu is None:
+    if threads is None and not on_gpu:
         threads = cpu_threads_per_rank(where["local_size"])
     if threads is not None:           # given, or the CPU default: on a GPU only when asked for
-        backend.set_threads(threads)
+        backend.set_threads(threads)  # before pin's exchange, which starts TensorFlow's runtime
+    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"])
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
     if seed is not None:
         seed_everything(seed)

@@ -129,6 +129,12 @@ def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None 
       gradients and the controller only negotiates, so Gloo's TCP ring buys
       nothing there (not measured: no GPU). A NCCL build on CPU hosts keeps
       MPI too: pass --gloo there.
+    - Hosts from a Slurm allocation (``--slurm``, or none given inside one):
+      MPI, before speed. Open MPI's mpirun starts its daemons on the other
+      nodes with srun, so their ranks run in the job's step with the GPUs and
+      CPUs Slurm gave that node; horovodrun's Gloo starts them over ssh,
+      outside the job, where Slurm sets no CUDA_VISIBLE_DEVICES
+      (tests/multihost/test_slurm.py records both).
     """
     if requested not in CONTROLLERS:
         raise UserError(f"controller {requested!r} is unknown: use one of {', '.join(CONTROLLERS)}")
@@ -141,6 +147,9 @@ def choose_controller(requested: str, build: BuildFlags, hosts: HostSpec | None 
     if requested != "auto":
         return requested, "asked for"
     multi_host = len(machines(hosts, np)) > 1
+    if multi_host and build.mpi and hosts is not None and hosts.source == "slurm":
+        return "mpi", ("hosts from the Slurm allocation: mpirun starts the other nodes' ranks with srun, inside the "
+                       "job with the GPUs Slurm gave each node (--gloo starts them over ssh, outside it)")
     if multi_host and not build.nccl and build.gloo:
         return "gloo", ("ranks on several hosts, CPU: Horovod's Gloo ring beat MPI's allreduce over TCP "
                         "(docs/bench/controller_choice.txt); --mpi to override")

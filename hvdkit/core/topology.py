@@ -128,19 +128,25 @@ def _uuid_name(uuid: str) -> str:
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
-def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int:
+def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int | None:
     """``rank``'s GPU index once its host's ranks are known to each take a GPU of their own; NoGPUError if not.
 
-    ``views`` come from every rank of the job (one allgather). Each rank takes
-    :attr:`GPUView.choice`, so a host that shows every rank all its GPUs pins
-    GPU N on local rank N, and a launcher that gives each rank its own GPU(s)
-    (Slurm, a pod, a per-rank CUDA_VISIBLE_DEVICES) has each pin its first.
-    Then, among the ranks of ``rank``'s host (same host name, a GPU visible):
+    ``views`` come from every rank of the job (one allgather, CPU ranks
+    included). Each rank takes :attr:`GPUView.choice`, so a host that shows
+    every rank all its GPUs pins GPU N on local rank N, and a launcher that
+    gives each rank its own GPU(s) (Slurm, a pod, a per-rank
+    CUDA_VISIBLE_DEVICES) has each pin its first. Then:
 
-    - every rank sees the same GPUs and there are fewer than ranks: the
-      ranks left over get the slots error (the others carry on; the job stops);
-    - else two ranks whose choices are one physical GPU (compared by UUID,
-      see :attr:`GPUView.gpus`) each get the sharing error.
+    - some ranks see GPUs and others see none without having hidden them
+      (CUDA_VISIBLE_DEVICES empty or -1): every rank gets the mixed-job
+      error, which names the hosts without a GPU (a host whose ranks were
+      started outside the launcher's GPU binding, or whose driver is gone);
+    - a rank that sees no GPU gets None (the CPU);
+    - among the ranks of ``rank``'s host that see a GPU: when every rank sees
+      the same GPUs and there are fewer than ranks, the ranks left over get
+      the slots error (the others carry on; the job stops); else two ranks
+      whose choices are one physical GPU (compared by UUID, see
+      :attr:`GPUView.gpus`) each get the sharing error.
 
     Example::
 
@@ -148,7 +154,12 @@ def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int:
         views = [GPUView(0, "n1", 0, 2, (a,), "0"), GPUView(1, "n1", 1, 2, (b,), "0")]   # Slurm cgroups
         check_gpu_choice(views, 1)       # 0: its own GPU b
     """
+    blind = [v for v in views if not v.uuids and not hides_all_gpus(v.cuda_visible_devices)]
+    if blind and any(v.uuids for v in views):
+        raise NoGPUError(_mixed_message(blind, [v for v in views if v.uuids]))
     me = next(v for v in views if v.rank == rank)
+    if not me.uuids:
+        return None
     host = [v for v in views if v.host == me.host and v.uuids]
     if len({v.gpus for v in host}) == 1 and any(v.local_rank >= len(v.gpus) for v in host):
         if me.local_rank >= len(me.gpus):
@@ -157,10 +168,8 @@ def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int:
     taken = me.gpus[me.choice]
     sharing = sorted((v for v in host if v.gpus[v.choice] == taken), key=lambda v: v.rank)
     if len(sharing) > 1:
-        ranks = [str(v.rank) for v in sharing]
-        names = ", ".join(ranks[:-1]) + f" and {ranks[-1]}"
         raise NoGPUError(
-            f"ranks {names} on {me.host} would share GPU {taken} ({'; '.join(_describe(v) for v in sharing)}): "
+            f"{_ranks_text([v.rank for v in sharing])} on {me.host} would share GPU {taken} ({'; '.join(_describe(v) for v in sharing)}): "
             f"give each rank its own GPU (srun --gpus-per-task=1, or a different CUDA_VISIBLE_DEVICES per rank) "
             f"or show every rank all of the host's GPUs, and hvdkit pins one per local rank"
         )
@@ -168,28 +177,51 @@ def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int:
 
 
 def pin_gpu(view: GPUView, allgather: Callable[[GPUView], list], pin: Callable[[int], None], *,
-            pin_first: bool = False, environ: Mapping[str, str] | None = None) -> int:
-    """Pin this rank's GPU (:attr:`GPUView.choice`) after :func:`check_gpu_choice` compared it with its host's.
+            pin_first: bool = False, environ: Mapping[str, str] | None = None) -> int | None:
+    """Pin this rank's GPU (:attr:`GPUView.choice`) after :func:`check_gpu_choice` compared it with the job's.
 
     ``allgather`` is the framework's object allgather, called once on every
-    rank that has a GPU; ``pin(index)`` the framework's set-device. With
-    ``pin_first`` the check follows the pin (TensorFlow: its collectives start
-    its runtime, after which its visible GPUs are fixed). In an elastic job
-    there is no check: a worker that joins later runs ``init()`` while the
-    others train, so an allgather there would pair with nothing.
+    rank, those without a GPU (``view.uuids`` empty) too: a job where some
+    hosts show no GPU must stop with one error, not leave the GPU ranks
+    waiting in an exchange the others never join. ``pin(index)`` is the
+    framework's set-device. With ``pin_first`` the check follows the pin
+    (TensorFlow: its collectives start its runtime, after which its visible
+    GPUs are fixed). In an elastic job there is no check: a worker that joins
+    later runs ``init()`` while the others train, so an allgather there would
+    pair with nothing. Returns the GPU index, None on the CPU.
 
     Example::
 
         gpu = pin_gpu(view, lambda v: hvd.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
     """
     environ = os.environ if environ is None else environ
-    if pin_first:
+    if pin_first and view.uuids:
         pin(view.choice)
     if environ.get(ELASTIC) != "1":
         check_gpu_choice(allgather(view), view.rank)
+    if not view.uuids:
+        return None
     if not pin_first:
         pin(view.choice)
     return view.choice
+
+
+def _mixed_message(blind: Sequence[GPUView], seeing: Sequence[GPUView]) -> str:
+    blind_hosts = ", ".join(sorted({v.host for v in blind}))
+    return (f"{_ranks_text([v.rank for v in blind])} on {blind_hosts} {'sees' if len(blind) == 1 else 'see'} no GPU "
+            f"while {_ranks_text([v.rank for v in seeing])} on {', '.join(sorted({v.host for v in seeing}))} "
+            f"{'does' if len(seeing) == 1 else 'do'}: a job runs on GPUs on every host or on none; check the GPUs "
+            f"and driver on {blind_hosts} (nvidia-smi there) and that the launcher did not hide them, or hide every "
+            f"GPU (CUDA_VISIBLE_DEVICES=-1) to train on the CPU")
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    names = [str(r) for r in sorted(ranks)]
+    if len(names) == 1:
+        return f"rank {names[0]}"
+    if len(names) > 6:
+        return f"{len(names)} ranks ({', '.join(names[:3])}, ...)"
+    return "ranks " + ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
 def _slots_message(local_rank: int, local_size: int, visible: int, cuda_visible_devices: str | None) -> str:

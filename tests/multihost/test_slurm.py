@@ -166,6 +166,10 @@ def test_launch_in_allocation_with_gpus_per_node_pins_local_ranks(slurm, tmp_pat
         assert "error" not in r and r["gpu"] == r["local_rank"] and r["calls"] == [["set_device", r["local_rank"]]], r
         assert r["argv"] == ["examples/pytorch_mnist.py", "--epochs", "1"]
     assert all(sorted(r["gpu"] for r in ranks) == [0, 1] for ranks in hosts.values())
+    # MPI, which starts hostb's ranks with srun, in a step of the job: Slurm gave them hostb's GPUs. Gloo's ssh
+    # left them outside the job without CUDA_VISIBLE_DEVICES (hosta's ranks waited for them in the GPU exchange).
+    assert "(mpi: hosts from the Slurm allocation" in text, text[-3000:]
+    assert all(r.get("step") for r in hosts["hostb"]), hosts["hostb"]
 
 
 def write_digits_as_mnist(data_dir):

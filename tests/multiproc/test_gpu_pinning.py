@@ -84,6 +84,30 @@ def test_more_processes_than_gpus_gets_the_slots_error(launch, framework):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_rank_that_sees_no_gpu_beside_ranks_that_do_stops_every_rank(launch, framework):
+    # Rank 1's host shows it no GPU (ranks started over ssh outside Slurm's GPU binding, a lost driver) while
+    # rank 0 sees one. Before, rank 1 skipped the ranks' exchange and rank 0 waited in it alone.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--uuids", "a", "--uuids", "",
+                     "--cvd", "0", "--cvd", "unset", expect_ok=False)
+    host = socket.gethostname()
+    for r in results:
+        assert r["error"] == (f"rank 1 on {host} sees no GPU while rank 0 on {host} does: a job runs on GPUs on every "
+                              f"host or on none; check the GPUs and driver on {host} (nvidia-smi there) and that "
+                              f"the launcher did not hide them, or hide every GPU (CUDA_VISIBLE_DEVICES=-1) to "
+                              f"train on the CPU"), r
+    assert results[1]["calls"] == []
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_rank_told_to_use_the_cpu_trains_beside_gpu_ranks(launch, framework):
+    # CUDA_VISIBLE_DEVICES=-1 on rank 1: its own choice, not a missing GPU.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--uuids", "a", "--uuids", "",
+                     "--cvd", "0", "--cvd", "-1")
+    assert [r["gpu"] for r in results] == [0, None] and results[1]["calls"] == [], results
+    assert results[1]["device"] == ("/CPU:0" if framework == "keras-tensorflow" else "cpu")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gpus_that_cuda_cannot_use_stop_every_rank(launch, framework):
     # /dev/nvidia0 is there, the driver (520) is older than the framework's CUDA needs, CUDA reports no GPU.
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--driver", "520.61.05", expect_ok=False)

@@ -273,3 +273,30 @@ def test_visible_gpu_uuids_is_none_when_the_driver_cannot_say(monkeypatch):
     monkeypatch.setattr(cuda_driver, "LIBCUDA", "libcuda-not-here.so.1")
     assert cuda_driver.load_libcuda() is None and cuda_driver.visible_gpu_uuids() is None
     assert ctypes.sizeof(cuda_driver._CUuuid) == 16
+
+
+def test_ranks_without_a_gpu_beside_ranks_with_one_stop_the_whole_job():
+    # Host n2's ranks see no GPU and did not hide them (ssh outside Slurm's binding, a lost driver).
+    views = host("a", "b") + [GPUView(2, "n2", 0, 2, ()), GPUView(3, "n2", 1, 2, ())]
+    for rank in range(4):
+        with pytest.raises(NoGPUError, match=r"^ranks 2 and 3 on n2 see no GPU while ranks 0 and 1 on n1 do: .* "
+                                             r"check the GPUs and driver on n2 \(nvidia-smi there\)"):
+            check_gpu_choice(views, rank)
+    # Hidden on purpose (CUDA_VISIBLE_DEVICES=-1 or empty): those ranks train on the CPU.
+    hidden = host("a", "b") + [GPUView(2, "n2", 0, 2, (), "-1"), GPUView(3, "n2", 1, 2, (), "")]
+    assert [check_gpu_choice(hidden, rank) for rank in range(4)] == [0, 0, None, None]   # a and b: one each
+    cpu_only = [GPUView(r, "n1", r, 2, ()) for r in range(2)]
+    assert [check_gpu_choice(cpu_only, rank) for rank in range(2)] == [None, None]
+
+
+def test_pin_gpu_on_a_rank_without_a_gpu_still_joins_the_exchange():
+    events = []
+    views = [GPUView(0, "n1", 0, 1, ()), GPUView(1, "n2", 0, 1, ())]
+
+    def gather(view):
+        events.append("gather")
+        return views
+
+    assert pin_gpu(views[0], gather, lambda i: events.append(f"pin {i}"), environ={}) is None
+    assert pin_gpu(views[0], gather, lambda i: events.append(f"pin {i}"), pin_first=True, environ={}) is None
+    assert events == ["gather", "gather"], "a CPU rank joins the GPU ranks' exchange and pins nothing"

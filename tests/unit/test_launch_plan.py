@@ -50,6 +50,17 @@ def test_the_choice_counts_the_machines_the_ranks_land_on(hosts, np, expected):
     assert plan_launch(cfg(hosts=parse_hosts_string(hosts), np=np), BOTH).controller == expected
 
 
+def test_hosts_from_a_slurm_allocation_get_mpi_which_starts_ranks_inside_the_job():
+    # horovodrun's Gloo reaches hostb over ssh, outside the job: Slurm gives those ranks no GPUs there.
+    from hvdkit.core.hosts import HostSpec
+
+    allocation = HostSpec(parse_hosts_string("hosta:2,hostb:2").hosts, "slurm")
+    plan = plan_launch(cfg(hosts=allocation), BOTH)
+    assert plan.controller == "mpi" and "srun" in plan.reason and "--gloo" in plan.reason
+    assert plan_launch(cfg(hosts=allocation, controller="gloo"), BOTH).controller == "gloo"
+    assert plan_launch(cfg(hosts=allocation), BuildFlags(mpi=False, gloo=True)).controller == "gloo"
+
+
 def test_this_machine_by_its_own_name_is_one_host_to_the_controller_choice():
     import socket
 

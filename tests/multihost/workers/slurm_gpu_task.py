@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 from types import SimpleNamespace
 
 import torch
@@ -43,7 +44,7 @@ except RuntimeError as exc:           # hvdkit's NoGPUError and friends: recorde
     import horovod.torch as hvd
 
     result.update(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                  error=f"{type(exc).__name__}: {exc}")
+                  error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
 if os.environ.get("SLURM_STEP_ID"):    # a task srun started: how slurmctld recorded the step
     step = subprocess.run(["scontrol", "show", "step", f"{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"],
                           capture_output=True, text=True, timeout=30).stdout

@@ -8,8 +8,8 @@ fake devices and the CUDA driver library (where hvdkit reads TensorFlow's GPU
 UUIDs) is a fake; set_memory_growth and set_visible_devices are recorded.
 --gpus N: every rank sees the same N GPUs (a host that shows all its GPUs).
 --uuids a,b (once per rank, in rank order): the GPUs this rank sees, one hex
-letter per GPU standing for its UUID (GPU-aaaaaaaa-...); --cvd, once per rank,
-sets the rank's CUDA_VISIBLE_DEVICES.
+letter per GPU standing for its UUID (GPU-aaaaaaaa-...), "" for none; --cvd,
+once per rank, sets the rank's CUDA_VISIBLE_DEVICES ("unset" removes it).
 --driver V: a host with /dev/nvidia0 and driver V (a fake /dev and /proc) on
 which CUDA is unusable.
 
@@ -31,9 +31,11 @@ p.add_argument("--cvd", action="append")
 p.add_argument("--driver")
 args = p.parse_args()
 rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-letters = args.uuids[rank].split(",") if args.uuids else "abcdefgh"[:args.gpus]
+letters = [c for c in args.uuids[rank].split(",") if c] if args.uuids else "abcdefgh"[:args.gpus]
 uuids = [f"GPU-{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}" for c in letters]
-if args.cvd:
+if args.cvd and args.cvd[rank] == "unset":
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+elif args.cvd:
     os.environ["CUDA_VISIBLE_DEVICES"] = args.cvd[rank]
 calls = []
 
