@@ -169,7 +169,8 @@ def check_gpu_choice(views: Sequence[GPUView], rank: int) -> int | None:
     sharing = sorted((v for v in host if v.gpus[v.choice] == taken), key=lambda v: v.rank)
     if len(sharing) > 1:
         raise NoGPUError(
-            f"{_ranks_text([v.rank for v in sharing])} on {me.host} would share GPU {taken} ({'; '.join(_describe(v) for v in sharing)}): "
+            f"{_ranks_text([v.rank for v in sharing])} on {me.host} would share GPU {taken} "
+            f"({'; '.join(_describe(v) for v in sharing)}): "
             f"give each rank its own GPU (srun --gpus-per-task=1, or a different CUDA_VISIBLE_DEVICES per rank) "
             f"or show every rank all of the host's GPUs, and hvdkit pins one per local rank"
         )
