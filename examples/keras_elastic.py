@@ -18,7 +18,8 @@ from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
+    p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"],
+                   help="default: KERAS_BACKEND, else ~/.keras/keras.json, else TensorFlow if installed, else torch")
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=10)
@@ -69,7 +70,7 @@ def main():
         print(f"final test accuracy {accuracy:.2%} after {state.step} steps, {time.time() - start:.1f}s", flush=True)
         if args.json:
             print(json.dumps({"test_accuracy": float(accuracy), "steps": state.step, "size": hk.current().size,
-                              "epochs": state.epoch, "backend": args.backend}), flush=True)
+                              "epochs": state.epoch, "backend": hk.resolve_backend()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"], default="tensorflow")
+    p.add_argument("--backend", choices=["tensorflow", "torch", "tf_keras"],
+                   help="default: KERAS_BACKEND, else ~/.keras/keras.json, else TensorFlow if installed, else torch")
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=12)
@@ -92,7 +93,7 @@ def main():
         print(f"final test accuracy {accuracy:.2%} ({len(data.y_test)} samples) in {elapsed:.1f}s "
               f"on {ctx.size} processes")
         if args.json:
-            print(json.dumps({"dataset": args.dataset, "backend": args.backend, "size": ctx.size,
+            print(json.dumps({"dataset": args.dataset, "backend": hk.resolve_backend(), "size": ctx.size,
                               "epochs": args.epochs, "test_accuracy": float(accuracy), "test_loss": float(loss),
                               "seconds": round(elapsed, 2)}))
 

@@ -37,18 +37,28 @@ def resolve_backend(env: Mapping[str, str] | None = None) -> str:
     """The hvdkit Keras mode for this environment, or :class:`BackendError` naming the fix.
 
     Follows Keras's own order: ``KERAS_BACKEND``, then ``~/.keras/keras.json``,
-    then TensorFlow. ``TF_USE_LEGACY_KERAS=1`` selects tf-keras, as in TensorFlow.
+    then TensorFlow, where Keras would fail at import when TensorFlow is not
+    installed and hvdkit takes PyTorch (the torch GPU image has no TensorFlow).
+    ``TF_USE_LEGACY_KERAS=1`` selects tf-keras, as in TensorFlow.
     """
     env = os.environ if env is None else env
     if _truthy(env.get("TF_USE_LEGACY_KERAS")):
         return "tf_keras"
-    name = env.get("KERAS_BACKEND") or _keras_json_backend(env) or "tensorflow"
+    name = env.get("KERAS_BACKEND") or _keras_json_backend(env) or installed_backend()
     if name in ("tensorflow", "torch"):
         return name
     raise BackendError(
         f"Keras backend {name!r} is not supported: Horovod has collectives for TensorFlow and PyTorch only; "
         "set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch (or TF_USE_LEGACY_KERAS=1 for tf-keras)"
     )
+
+
+def installed_backend() -> str:
+    """TensorFlow when it is installed, else PyTorch: Keras's default, but the one that imports."""
+    import importlib.util
+
+    return "tensorflow" if importlib.util.find_spec("tensorflow") is not None or \
+        importlib.util.find_spec("torch") is None else "torch"
 
 
 def keras_module(mode: str):
@@ -68,15 +78,20 @@ def keras_module(mode: str):
     return keras
 
 
-def use_backend(mode: str, env: dict | None = None):
+def use_backend(mode: str | None, env: dict | None = None):
     """Choose the Keras mode, then import and return that Keras (``keras``, or ``tf_keras``).
 
     Keras reads its backend once, at its first import, so a script that takes
     the backend as an option calls this before anything imports Keras::
 
         keras = hk.use_backend(args.backend)   # "tensorflow", "torch" or "tf_keras"
+
+    ``None`` keeps the environment's choice (:func:`resolve_backend`): the
+    image's ``KERAS_BACKEND``, else the framework that is installed.
     """
     env = os.environ if env is None else env
+    if mode is None:
+        return keras_module(resolve_backend(env))
     if mode == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
     else:

@@ -3,11 +3,14 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
 
 pytestmark = pytest.mark.adapters
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -25,6 +28,30 @@ def test_resolve_backend(env, expected, tmp_path):
 def test_keras_json_is_read_like_keras_does(tmp_path):
     (tmp_path / "keras.json").write_text(json.dumps({"backend": "torch"}))
     assert resolve_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
+
+
+def test_without_tensorflow_the_default_is_torch(tmp_path, monkeypatch):
+    # The torch GPU image: no TensorFlow, no KERAS_BACKEND: Keras's own default would fail at import.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
+    assert resolve_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
+    assert resolve_backend({"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "tensorflow"}) == "tensorflow"
+
+
+def test_the_keras_examples_keep_the_environments_backend(tmp_path):
+    # The GPU image sets KERAS_BACKEND=torch; --backend used to default to tensorflow over it.
+    for example in ("keras_mnist.py", "keras_elastic.py"):
+        code = ("import sys, runpy; sys.argv = ['x']; "
+                f"ns = runpy.run_path('examples/{example}', run_name='not_main'); "
+                "import hvdkit.keras as hk; args = ns['parse_args'](); "
+                "keras = hk.use_backend(args.backend); print(args.backend, keras.backend.backend())")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "KERAS_BACKEND": "torch", "KERAS_HOME": str(tmp_path),
+                                   "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split()[-2:] == ["None", "torch"], (example, proc.stdout)
 
 
 @pytest.mark.parametrize("name", ["jax", "numpy", "openvino"])
