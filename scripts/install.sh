@@ -20,7 +20,7 @@
 #   5. installs hvdkit (editable) and checks Horovod's build with `hvdkit env`
 #      (frameworks, controllers, NCCL on GPU); only then writes the stamp Make reads.
 #
-# Environment: HVDKIT_VENV (default .venv), HVDKIT_PYTHON (default python3),
+# Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu), HVDKIT_PYTHON (default python3),
 # HVDKIT_CACHE_DIR (default ~/.cache/hvdkit), HVDKIT_NO_APT=1 (never apt-get),
 # HVDKIT_TORCH_VERSION (build against another torch than the pin),
 # HVDKIT_INSTALLER (uv, the default, or pip; uv's cache: $HVDKIT_CACHE_DIR/uv unless UV_CACHE_DIR),
@@ -109,7 +109,9 @@ if [ -n "$PATCH_ONLY_DIR" ]; then
 fi
 
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
-VENV=${HVDKIT_VENV:-$ROOT/.venv}
+# One virtualenv name per flavour, as make install / make install-gpu and the Slurm scripts use them.
+if [ "$MODE" = gpu ] || [ "${STRIP_BUILD_TOOLS:-0}" = 1 ]; then DEFAULT_VENV=.venv-gpu; else DEFAULT_VENV=.venv; fi
+VENV=${HVDKIT_VENV:-$ROOT/$DEFAULT_VENV}
 # What only the Horovod build needs: nvcc and its parts (the cuda-toolkit extras
 # nvcc and cccl; torch's own CUDA libraries stay), cmake and the installer uv. The runtime image has none.
 if [ "${STRIP_BUILD_TOOLS:-0}" = 1 ]; then
@@ -227,7 +229,7 @@ check_mpi
 need_debian patch "$PATCH_APT_PACKAGES" patch
 check_cuda_home
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
-if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK"; exit 0; fi
+if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK ($MODE flavour, virtualenv $VENV)"; exit 0; fi
 
 # ---- 2. virtualenv ------------------------------------------------------------
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' 2>/dev/null \

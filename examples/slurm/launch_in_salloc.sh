@@ -12,13 +12,16 @@
 # picks MPI here: mpirun starts the other nodes' ranks with srun, inside the job and
 # its GPUs (--gloo would start them over ssh, outside it).
 # IFACE=ib0 names the interface between the nodes (--network-interface); unset, Horovod
-# and MPI choose. HVDKIT_VENV and EPOCHS override the defaults below.
+# and MPI choose. HVDKIT_VENV (default ~/hvdkit/.venv-gpu in a GPU allocation, else
+# ~/hvdkit/.venv) and EPOCHS override the defaults below.
 #
 # Tested on a two-node Slurm 22.05 test cluster (tests/multihost/test_slurm.py): this script
 # as it is with 2 stand-in GPUs per node (sbatch -N 2 --ntasks-per-node=2 --gpus-per-node=2),
 # and the same `hvdkit launch --slurm` training on CPUs.
 set -euo pipefail
-VENV=${HVDKIT_VENV:-$HOME/hvdkit/.venv}
+# The GPU flavour's venv (make install-gpu) in a GPU allocation, the CPU one otherwise.
+if [ -n "${SLURM_JOB_GPUS:-}${SLURM_GPUS_ON_NODE:-}" ]; then VENV=$HOME/hvdkit/.venv-gpu; else VENV=$HOME/hvdkit/.venv; fi
+VENV=${HVDKIT_VENV:-$VENV}
 EPOCHS=${EPOCHS:-12}
 
 "$VENV/bin/hvdkit" hosts --slurm                      # where each rank will run

@@ -23,7 +23,7 @@ import torch
 
 from hvdkit.bench.catalog import Implementation, every_implementation, implementation
 from hvdkit.bench.models import resnet50_shapes
-from hvdkit.bench.results import emit, launcher_world, machine
+from hvdkit.bench.results import cuda_index, emit, launcher_world, machine
 
 
 def iterations(nbytes: int) -> int:
@@ -72,8 +72,9 @@ class HorovodComm(Comm):
             hvd.init()
             torch.set_num_threads(1)  # what Horovod's own examples do on CPU
             if torch.cuda.is_available():
-                torch.cuda.set_device(hvd.local_rank())
-                self.device = torch.device("cuda", hvd.local_rank())
+                gpu = cuda_index(hvd.local_rank(), torch.cuda.device_count())
+                torch.cuda.set_device(gpu)
+                self.device = torch.device("cuda", gpu)
         self.hvd, self.name, self.rank, self.size = hvd, impl.name, hvd.rank(), hvd.size()
         self.controller = "mpi" if hvd.mpi_enabled() and not hvd.gloo_enabled() else "gloo"
 
@@ -101,8 +102,9 @@ class TorchComm(Comm):
         self.rank, self.size, local_rank = launcher_world()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
+            gpu = cuda_index(local_rank, torch.cuda.device_count())
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
                                 rank=self.rank, world_size=self.size)

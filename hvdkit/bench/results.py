@@ -61,6 +61,13 @@ def launcher_world() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
+def cuda_index(local_rank: int, visible: int) -> int:
+    """The GPU a baseline pins among the ``visible`` ones: its local rank's where it sees the host's GPUs,
+    else its first, as ``hk.init()`` pins (a launcher that gives each rank its own GPU, as Slurm's
+    ``--gpus-per-task`` does, shows each rank one: ``cuda:<local rank>`` would not exist)."""
+    return local_rank if local_rank < visible else 0
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hvdkit.bench.catalog import every_implementation, implementation
 from hvdkit.bench.models import MODELS
-from hvdkit.bench.results import emit, launcher_world, machine
+from hvdkit.bench.results import cuda_index, emit, launcher_world, machine
 
 
 def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
@@ -134,8 +134,9 @@ class HorovodJob(HvdkitJob):
         hvd.init()
         torch.manual_seed(0)
         if torch.cuda.is_available():
-            torch.cuda.set_device(hvd.local_rank())
-            self.device = torch.device("cuda", hvd.local_rank())
+            gpu = cuda_index(hvd.local_rank(), torch.cuda.device_count())
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         self.rank, self.size, self.hvd = hvd.rank(), hvd.size(), hvd
         model = model.to(self.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
@@ -159,9 +160,9 @@ class DdpJob(Job):
         dist.init_process_group(backend)
         self.rank, self.size, self.controller = dist.get_rank(), dist.get_world_size(), backend
         if backend == "nccl":
-            local_rank = int(os.environ.get("LOCAL_RANK", 0))
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
+            gpu = cuda_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count())
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         torch.manual_seed(0)
         model = DistributedDataParallel(model.to(self.device))
         self.model = model

@@ -25,7 +25,7 @@ import numpy as np
 from hvdkit.core import cuda_driver, slurm
 from hvdkit.core.backend import Backend
 from hvdkit.core.errors import UserError
-from hvdkit.core.topology import Topology, cpu_threads_per_rank
+from hvdkit.core.topology import NoGPUError, Topology, cpu_threads_per_rank
 from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller, spans_one_host
 
 
@@ -112,6 +112,7 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
                            one_host=spans_one_host(os.environ))
     slurm.check_direct_launch(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
     cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
+    check_nccl(on_gpu, backend)        # GPUs, but a Horovod without NCCL: say which flavour
     backend.hvd.init()
     where = backend.topology()
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
@@ -125,6 +126,28 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     if seed is not None:
         seed_everything(seed)
     return _process.context
+
+
+GPU_WITHOUT_NCCL = "HVDKIT_GPU_WITHOUT_NCCL"
+
+
+def check_nccl(on_gpu: bool, backend: Backend, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to pin a GPU for a Horovod built without NCCL, unless ``HVDKIT_GPU_WITHOUT_NCCL=1``.
+
+    Such a Horovod still allreduces CUDA tensors, through host memory over
+    MPI or Gloo, many times slower and with no word: the CPU flavour's Horovod
+    under a CUDA torch is the usual way to get there.
+    """
+    environ = os.environ if environ is None else environ
+    if not on_gpu or environ.get(GPU_WITHOUT_NCCL) == "1" or backend.hvd.nccl_built():
+        return
+    flavour = ("the GPU flavour: scripts/install.sh --gpu (.venv-gpu) or the Dockerfile.gpu image"
+               if backend.name == "torch" else
+               "Keras on PyTorch in the GPU flavour (KERAS_BACKEND=torch; scripts/install.sh --gpu or the "
+               "Dockerfile.gpu image): no hvdkit flavour builds Horovod with NCCL for TensorFlow yet")
+    raise NoGPUError(f"{backend.framework} sees GPU(s) but this Horovod was built without NCCL, so every allreduce "
+                     f"would copy the gradients through host memory: use {flavour}; set {GPU_WITHOUT_NCCL}=1 to "
+                     f"train this way knowingly, or CUDA_VISIBLE_DEVICES=-1 to train on the CPU")
 
 
 def _not_initialised(adapter: str | None) -> RuntimeError:

@@ -57,6 +57,29 @@ def gpu_evidence(dev_dir: str | None = None, which=shutil.which) -> str | None:
     return "nvidia-smi on PATH" if which("nvidia-smi") else None
 
 
+def gpus_asked_for(environ: Mapping[str, str]) -> str | None:
+    """The setting that shows GPUs were asked for this process, or None.
+
+    ``NVIDIA_VISIBLE_DEVICES`` naming devices (the Kubernetes device plugin sets
+    it for a ``nvidia.com/gpu`` request, a user for ``docker run -e``; CUDA
+    base images default it to ``all``, which asks for nothing), or a Slurm
+    GPU allocation (``SLURM_JOB_GPUS``, ``SLURM_STEP_GPUS``, ``SLURM_GPUS_ON_NODE``).
+    """
+    nvidia = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if nvidia and nvidia.lower() not in ("all", "void", "none"):
+        return f"NVIDIA_VISIBLE_DEVICES={nvidia}"
+    for var in slurm.GPU_VARIABLES:
+        if environ.get(var, "").strip() not in ("", "0"):
+            return f"{var}={environ[var]}"
+    return None
+
+
+def in_container() -> bool:
+    """Whether this process runs in a container (Docker's or Podman's marker file, or Kubernetes's variable)."""
+    return os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv") or \
+        "KUBERNETES_SERVICE_HOST" in os.environ
+
+
 def driver_version(version_file: str | None = None) -> str | None:
     """The loaded kernel driver's version ("580.65.06") from /proc/driver/nvidia/version; None if unreadable."""
     try:
@@ -77,7 +100,9 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
     TensorFlow listing a GPU); ``cuda_build`` the CUDA version it was built for
     ("13.0"; None for a CPU-only build). No error when the framework can use
     CUDA, when no GPU is present, or when CUDA_VISIBLE_DEVICES hides every GPU
-    (empty, ``-1``: the user chose the CPU).
+    (empty, ``-1``: the user chose the CPU). With no GPU at all, an error
+    still when GPUs were asked for (:func:`gpus_asked_for`): a pod or
+    container started without the NVIDIA runtime, which would train on the CPU.
 
     Example::
 
@@ -90,13 +115,23 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if usable or hides_all_gpus(cvd) or slurm.gave_no_gpu(environ):
         return
+    cpu = "or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately"
     evidence = gpu_evidence(dev_dir, which)
     if evidence is None:
+        asked = gpus_asked_for(environ)
+        if asked:
+            raise NoGPUError(f"GPUs were asked for ({asked}) but this {'container' if in_container() else 'host'} "
+                             f"has none ({dev_dir or DEV_DIR} has no nvidia device, no nvidia-smi on PATH): start it "
+                             f"with its GPUs (docker run --gpus all; on Kubernetes runtimeClassName: nvidia where "
+                             f"nvidia is not the default runtime) and check the node's driver with nvidia-smi, {cpu}")
         return
     found = f"NVIDIA GPU(s) found ({evidence}) but {framework} cannot use CUDA"
     if cvd is not None:
         found += f" (CUDA_VISIBLE_DEVICES={cvd})"
-    cpu = "or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately"
+    if cuda_build is None and framework == "TensorFlow":
+        raise NoGPUError(f"{found}: this TensorFlow is a CPU-only build, and hvdkit's GPU flavour "
+                         f"(scripts/install.sh --gpu) carries PyTorch, not TensorFlow: run Keras on PyTorch there "
+                         f"(KERAS_BACKEND=torch), {cpu}")
     if cuda_build is None:
         raise NoGPUError(f"{found}: this {framework} is a CPU-only build; install its CUDA build "
                          f"(scripts/install.sh --gpu), {cpu}")

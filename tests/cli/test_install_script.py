@@ -88,6 +88,21 @@ def test_prerequisites_pass_here():
     assert "prerequisites OK" in proc.stdout
 
 
+def test_each_flavour_has_its_own_venv_the_slurm_scripts_use():
+    # install.sh --gpu made .venv, while make install-gpu and train_gpu.sbatch use .venv-gpu.
+    assert f"virtualenv {ROOT}/.venv)" in run_script("--check-only", env={"HVDKIT_VENV": ""}).stdout
+    assert f"virtualenv {ROOT}/.venv-gpu)" in run_script("--gpu", "--check-only", env={"HVDKIT_VENV": ""}).stdout
+    assert "GPU_VENV ?= .venv-gpu" in (ROOT / "Makefile").read_text()
+    assert "HVDKIT_VENV:-$HOME/hvdkit/.venv-gpu}" in (ROOT / "examples" / "slurm" / "train_gpu.sbatch").read_text()
+    # launch_in_salloc.sh picks by the allocation: the GPU venv when Slurm gave GPUs.
+    script = (ROOT / "examples" / "slurm" / "launch_in_salloc.sh").read_text()
+    venv_lines = "\n".join(line for line in script.splitlines() if line.startswith(("if [ -n \"${SLURM", "VENV=")))
+    for env, expected in (({"SLURM_JOB_GPUS": "0,1"}, ".venv-gpu"), ({}, ".venv")):
+        proc = subprocess.run(["bash", "-c", venv_lines + '\necho "$VENV"'], capture_output=True, text=True,
+                              env={"HOME": "/h", "PATH": os.environ["PATH"], **env}, timeout=30)
+        assert proc.stdout.strip() == f"/h/hvdkit/{expected}", (env, proc.stdout, proc.stderr)
+
+
 def test_missing_compiler_is_one_line_naming_the_package(tmp_path):
     proc = run_script("--check-only", env={"CXX": str(tmp_path / "no-such-c++")})
     assert_one_line_error(proc, "no C++ compiler", "apt-get install g++")

@@ -108,6 +108,20 @@ def test_a_rank_told_to_use_the_cpu_trains_beside_gpu_ranks(launch, framework):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_gpus_with_a_horovod_built_without_nccl_stop_every_rank_naming_the_flavour(launch, framework):
+    # This machine's Horovod is the CPU build: it would allreduce CUDA tensors through host memory, with no word.
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "2", "--nccl-check", expect_ok=False)
+    name = "TensorFlow" if framework == "keras-tensorflow" else "torch"
+    for r in results:
+        error = r["error"]
+        assert error.startswith(f"{name} sees GPU(s) but this Horovod was built without NCCL, so every allreduce "
+                                "would copy the gradients through host memory: use "), error
+        assert "scripts/install.sh --gpu" in error and "HVDKIT_GPU_WITHOUT_NCCL=1" in error and "\n" not in error
+        assert ("no hvdkit flavour builds Horovod with NCCL for TensorFlow yet" in error) == (name == "TensorFlow")
+        assert r["calls"] == []
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gpus_that_cuda_cannot_use_stop_every_rank(launch, framework):
     # /dev/nvidia0 is there, the driver (520) is older than the framework's CUDA needs, CUDA reports no GPU.
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--driver", "520.61.05", expect_ok=False)

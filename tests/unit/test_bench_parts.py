@@ -154,3 +154,21 @@ def test_a_results_directory_that_cannot_be_written_is_refused_before_any_launch
     with pytest.raises(UserError, match=r"cannot write bench results to .*Not a directory.*choose another --out"):
         check_results_dir(str(blocker / "results"))
     check_results_dir(str(tmp_path / "results"))                # writable, with room: no error
+
+
+def test_the_baselines_pin_the_gpu_hk_init_would_under_either_launcher_visibility():
+    from hvdkit.bench.results import cuda_index
+
+    # The host's 4 GPUs shown to every rank: the local rank's. One per rank (Slurm --gpus-per-task): the first,
+    # where cuda:<local rank> does not exist (the baselines pinned it and failed there).
+    assert [cuda_index(r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [cuda_index(r, 1) for r in range(4)] == [0, 0, 0, 0]
+    import inspect
+
+    import hvdkit.bench.allreduce as allreduce
+    import hvdkit.bench.train as train
+
+    for module in (allreduce, train):
+        source = inspect.getsource(module)
+        assert source.count("torch.cuda.set_device(") == source.count("torch.cuda.set_device(gpu)") \
+            == source.count("gpu = cuda_index(") == 2, module.__name__

@@ -52,3 +52,11 @@ def test_readme_performance_numbers_are_in_the_raw_files(readme_says, raw_file, 
     raw = (ROOT / "docs" / "bench" / raw_file).read_text()
     for line in lines:
         assert re.search(line, raw), (raw_file, line)
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
+                                                       for p in (ROOT / "docs").glob("*.md"))])
+def test_no_page_passes_mpiruns_x_option_to_horovodrun(page):
+    # horovodrun has no -x (horovod/runner/launch.py); it forwards the environment itself. DOCKER.md said otherwise.
+    text = " ".join((ROOT / page).read_text().split())
+    assert not re.search(r"`-x` to horovodrun|horovodrun (?:[^`\n]* )?-x [A-Z_]+=", text), page

@@ -300,3 +300,28 @@ def test_pin_gpu_on_a_rank_without_a_gpu_still_joins_the_exchange():
     assert pin_gpu(views[0], gather, lambda i: events.append(f"pin {i}"), environ={}) is None
     assert pin_gpu(views[0], gather, lambda i: events.append(f"pin {i}"), pin_first=True, environ={}) is None
     assert events == ["gather", "gather"], "a CPU rank joins the GPU ranks' exchange and pins nothing"
+
+
+def test_a_cpu_only_tensorflow_is_not_told_to_install_the_torch_gpu_flavour(gpu_host):
+    with pytest.raises(NoGPUError) as err:
+        check(framework="TensorFlow", cuda_build=None, **gpu_host("580.65.06"))
+    assert "hvdkit's GPU flavour (scripts/install.sh --gpu) carries PyTorch, not TensorFlow" in str(err.value)
+    assert "KERAS_BACKEND=torch" in str(err.value) and "install its CUDA build" not in str(err.value)
+
+
+@pytest.mark.parametrize("environ, asked", [
+    ({"NVIDIA_VISIBLE_DEVICES": "GPU-5a1f0000-1111-2222-3333-444455556666"}, "NVIDIA_VISIBLE_DEVICES=GPU-5a1f"),
+    ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, "NVIDIA_VISIBLE_DEVICES=0,1"),      # a pod's nvidia.com/gpu: 2
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, "SLURM_JOB_GPUS=0,1"),
+])
+def test_gpus_asked_for_but_not_injected_stop_instead_of_training_on_the_cpu(gpu_host, tmp_path, environ, asked):
+    host = gpu_host("580.65.06")
+    (tmp_path / "dev" / "nvidia0").unlink()       # no device was injected (no NVIDIA runtime)
+    with pytest.raises(NoGPUError) as err:
+        check(**{**host, "environ": environ})
+    assert str(err.value).startswith(f"GPUs were asked for ({asked}") and "docker run --gpus all" in str(err.value)
+    assert "runtimeClassName: nvidia" in str(err.value) and "\n" not in str(err.value)
+    # Hidden on purpose, or nothing asked for (a CUDA base image's NVIDIA_VISIBLE_DEVICES=all): the CPU, no error.
+    check(**{**host, "environ": {**environ, "CUDA_VISIBLE_DEVICES": "-1"}})
+    for nothing in ("all", "void", "none", ""):
+        check(**{**host, "environ": {"NVIDIA_VISIBLE_DEVICES": nothing}})

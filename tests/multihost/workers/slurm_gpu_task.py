@@ -30,6 +30,7 @@ torch.cuda.get_device_properties = lambda i: SimpleNamespace(
     uuid=f"GPU-fake-{host}-{visible[int(i)]}", name="fake GPU", total_memory=80 << 30, major=9, minor=0)
 torch.cuda.set_device = lambda index: calls.append(["set_device", int(index)])
 
+os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"      # the test hosts' Horovod is the CPU build; the GPUs are fakes
 import hvdkit.torch as hk  # noqa: E402  (after the fakes, as a training script imports it)
 
 result = {"host": host, "argv": sys.argv[1:], "calls": calls,

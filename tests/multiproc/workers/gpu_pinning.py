@@ -11,7 +11,8 @@ UUIDs) is a fake; set_memory_growth and set_visible_devices are recorded.
 letter per GPU standing for its UUID (GPU-aaaaaaaa-...), "" for none; --cvd,
 once per rank, sets the rank's CUDA_VISIBLE_DEVICES ("unset" removes it).
 --driver V: a host with /dev/nvidia0 and driver V (a fake /dev and /proc) on
-which CUDA is unusable.
+which CUDA is unusable. The CPU build's Horovod has no NCCL, so the worker sets
+HVDKIT_GPU_WITHOUT_NCCL=1 unless --nccl-check.
 
 Writes rank<R>.json with the device string and what was pinned, or the error.
 """
@@ -29,7 +30,10 @@ p.add_argument("--gpus", type=int, default=0)
 p.add_argument("--uuids", action="append")
 p.add_argument("--cvd", action="append")
 p.add_argument("--driver")
+p.add_argument("--nccl-check", action="store_true", help="keep hk.init()'s refusal of a Horovod without NCCL")
 args = p.parse_args()
+if not args.nccl_check:
+    os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"   # this CPU machine's Horovod has no NCCL; the GPUs are fakes
 rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 letters = [c for c in args.uuids[rank].split(",") if c] if args.uuids else "abcdefgh"[:args.gpus]
 uuids = [f"GPU-{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}" for c in letters]
