@@ -9,10 +9,8 @@ workers serve sshd); `down -v` removes the workers, network and key volume.
 from __future__ import annotations
 
 import re
-import resource
 
 import pytest
-import yaml
 
 from tests.conftest import ROOT
 
@@ -21,23 +19,10 @@ pytestmark = [pytest.mark.container, pytest.mark.timeout(3300)]
 TARGET_ACCURACY = 0.95
 
 
-def memlock_override(tmp_path) -> list[str]:
-    """The compose file asks for unlimited memlock (NCCL, RDMA). Raising a hard limit needs CAP_SYS_RESOURCE,
-    which this project's machines withhold from root (hard limit 8 MiB), so runc would refuse to start the
-    workers; here they get the machine's own hard limit instead. Real GPU hosts grant -1."""
-    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    if hard == resource.RLIM_INFINITY:
-        return []
-    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    override = {"services": {name: {"ulimits": {"memlock": hard}}
-                             for name, svc in services.items() if "ulimits" in svc}}
-    path = tmp_path / "memlock.yml"
-    path.write_text(yaml.safe_dump(override))
-    return ["-f", "docker-compose.yml", "-f", str(path)]
-
-
 def test_the_cpu_cluster_trains_across_two_containers_and_comes_down_clean(engine, image, tmp_path):
-    compose = ("compose", *memlock_override(tmp_path), "--profile", "cpu")
+    # The shipped file as it is: this project's machines withhold CAP_SYS_RESOURCE from root (memlock hard
+    # limit 8 MiB), as rootless Docker and Podman do, so a raised limit in the cpu profile would not start.
+    compose = ("compose", "--profile", "cpu")
     try:
         run = engine.docker(*compose, "run", "--rm", "cpu-launcher", cwd=ROOT, check=False, timeout=800)
         out = (run.stdout or "") + (run.stderr or "")
