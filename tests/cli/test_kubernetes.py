@@ -86,11 +86,20 @@ def test_manifest_is_a_valid_mpijob_for_hvdkits_image(path, validator):
         assert container["image"] == image
     worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["containers"][0]["args"] == ["sshd"]
-    assert worker["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == int(port)
+    # Readiness asks the kernel whether sshd listens: a tcpSocket probe made sshd log a closed connection every 2 s.
+    probe = worker["containers"][0]["readinessProbe"]
+    assert "tcpSocket" not in probe and f"sport = :{port}" in " ".join(probe["exec"]["command"])
+    # The scheduler needs requests a node can hold: limits alone become requests (512Gi stayed Pending).
+    resources = worker["containers"][0]["resources"]
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= set(resources["requests"])
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
+    assert "cpu" not in resources["limits"], "a CPU limit throttles the ranks' threads"
     shm = [v for v in worker["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
     assert shm and any(m["mountPath"] == "/dev/shm" for m in worker["containers"][0]["volumeMounts"])
     args = launcher_args(job)
     assert args[:2] == ["hvdkit", "launch"] and args[args.index("-p") + 1] == port
+    # No interface named: eth0 exists in a pod network, not under the hostNetwork RDMA setups use.
+    assert "--network-interface" not in args
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
