@@ -17,7 +17,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 GPU_VENV ?= .venv-gpu
 
-.PHONY: install install-gpu test-tools demo lint test test-unit test-unit-dev test-adapters test-cli test-multiproc \
+.PHONY: install install-gpu test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
 	test-multihost test-image env bench bench-scaling clean
 
 install: $(STAMP)
@@ -75,6 +75,11 @@ test-multiproc: $(TEST_STAMP)
 test-image: $(TEST_STAMP)
 	bash scripts/test-setup.sh --container
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
+
+# The acceptance run for a machine with NVIDIA GPUs (docs/GPU.md): real jobs on the GPU flavour
+# (.venv-gpu, make install-gpu), numbers into build/gpu-acceptance.json. Refuses in one line without a GPU.
+test-gpu:
+	@$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python,python3) scripts/gpu_acceptance.py
 
 env: $(STAMP)
 	$(BIN)/hvdkit env
