@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import tensorflow as tf
 
@@ -32,9 +33,14 @@ class TensorFlowBackend(Backend):
         info = tf.sysconfig.get_build_info()
         return info.get("cuda_version") if info.get("is_cuda_build") else None
 
-    def pin(self, rank: int, local_rank: int, local_size: int):
+    def pin(self, rank: int, local_rank: int, local_size: int, use_gpu: bool = True):
         gpus = tf.config.list_physical_devices("GPU")
+        if gpus and not use_gpu:
+            tf.config.set_visible_devices([], "GPU")           # HVDKIT_DEVICE=cpu: TensorFlow places nothing there
+            gpus = []
         view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)) if gpus else ())
+        if not use_gpu:
+            view = replace(view, cuda_visible_devices="-1")   # on the CPU by choice, not a rank that lost its GPU
 
         def pin(index: int) -> None:
             tf.config.experimental.set_memory_growth(gpus[index], True)

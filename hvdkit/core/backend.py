@@ -90,10 +90,13 @@ class Backend(ABC):
         """The CUDA version the framework was built for; None for a CPU-only build."""
 
     @abstractmethod
-    def pin(self, rank: int, local_rank: int, local_size: int) -> tuple[int | None, Any]:
+    def pin(self, rank: int, local_rank: int, local_size: int, use_gpu: bool = True) -> tuple[int | None, Any]:
         """Pin this rank's GPU (via :func:`hvdkit.core.topology.pin_gpu`), if the host has one for it.
 
-        Returns the GPU index (None on CPU) and the device in the framework's type.
+        Every rank joins the GPU exchange, those on the CPU too. ``use_gpu=False``
+        (``HVDKIT_DEVICE=cpu``) keeps the rank on the CPU, its GPUs hidden from
+        the framework. Returns the GPU index (None on CPU) and the device in the
+        framework's type.
         """
 
     @abstractmethod

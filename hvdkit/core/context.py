@@ -103,15 +103,19 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     set). ``seed_hook`` seeds what the adapter adds (Keras's own seed).
     A job that another launcher (torchrun) started as several one-process
     Horovod jobs raises :class:`LauncherError` (:func:`check_launcher`).
+    ``HVDKIT_DEVICE=cpu`` trains on the CPU whatever GPUs the rank sees or
+    its Slurm job was given (where Slurm resets ``CUDA_VISIBLE_DEVICES``).
     """
     global _process
-    on_gpu = backend.has_gpu()
+    cpu_chosen = chooses_cpu(os.environ)   # HVDKIT_DEVICE=cpu: the CPU even where GPUs are visible or allocated
+    on_gpu = backend.has_gpu() and not cpu_chosen
     mpi_built = bool(backend.hvd.mpi_built())
     # measured (hvdkit.core.tuning); the environment wins
     apply_horovod_defaults(on_gpu=on_gpu, controller=horovod_controller(os.environ, mpi_built),
                            one_host=spans_one_host(os.environ))
     slurm.check_direct_launch(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
-    cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())  # GPUs it cannot use: say why
+    if not cpu_chosen:                 # GPUs it cannot use, or asked for and missing: say why
+        cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())
     check_nccl(on_gpu, backend)        # GPUs, but a Horovod without NCCL: say which flavour
     backend.hvd.init()
     where = backend.topology()
@@ -121,7 +125,7 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
         threads = cpu_threads_per_rank(where["local_size"])
     if threads is not None:           # given, or the CPU default: on a GPU only when asked for
         backend.set_threads(threads)  # before pin's exchange, which starts TensorFlow's runtime
-    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"])
+    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=on_gpu)
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
     if seed is not None:
         seed_everything(seed)
@@ -129,6 +133,18 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
 
 
 GPU_WITHOUT_NCCL = "HVDKIT_GPU_WITHOUT_NCCL"
+DEVICE = "HVDKIT_DEVICE"
+
+
+def chooses_cpu(environ: Mapping[str, str]) -> bool:
+    """Whether ``HVDKIT_DEVICE=cpu`` asks for the CPU (unset or ``auto``: a GPU where there is one)."""
+    value = environ.get(DEVICE, "").strip().lower()
+    if value in ("", "auto"):
+        return False
+    if value == "cpu":
+        return True
+    raise UserError(f"{DEVICE}={environ[DEVICE]!r} is not a device choice: set it to cpu (train on the CPU even "
+                    f"where GPUs are visible) or auto, or unset it")
 
 
 def check_nccl(on_gpu: bool, backend: Backend, environ: Mapping[str, str] | None = None) -> None:
@@ -147,7 +163,7 @@ def check_nccl(on_gpu: bool, backend: Backend, environ: Mapping[str, str] | None
                "Dockerfile.gpu image): no hvdkit flavour builds Horovod with NCCL for TensorFlow yet")
     raise NoGPUError(f"{backend.framework} sees GPU(s) but this Horovod was built without NCCL, so every allreduce "
                      f"would copy the gradients through host memory: use {flavour}; set {GPU_WITHOUT_NCCL}=1 to "
-                     f"train this way knowingly, or CUDA_VISIBLE_DEVICES=-1 to train on the CPU")
+                     f"train this way knowingly, or {DEVICE}=cpu to train on the CPU")
 
 
 def _not_initialised(adapter: str | None) -> RuntimeError:

@@ -195,7 +195,7 @@ def final_weights(ckpt_dir):
 
 
 def test_a_preempted_batch_job_requeues_resumes_and_ends_with_the_uninterrupted_weights(slurm, tmp_path):
-    """Issue 34: train_gpu.sbatch as shipped (8 ranks on the 2 nodes' stand-in GPUs, trained on the CPU),
+    """Issue 34: train_gpu.sbatch as shipped (8 ranks on the 2 nodes' stand-in GPUs, on the CPU by HVDKIT_DEVICE),
     preempted with `scancel --signal=TERM` after its first epoch: the ranks checkpoint and exit 75, the script
     requeues the job, the rerun resumes (--resume, the RNG state included) and its final checkpoint equals an
     uninterrupted run's."""
@@ -206,8 +206,10 @@ def test_a_preempted_batch_job_requeues_resumes_and_ends_with_the_uninterrupted_
 
     data = tmp_path / "mnist"
     write_digits_as_mnist(data)
+    # HVDKIT_DEVICE=cpu: the job is given the stand-in GPUs, which no CUDA can open; without it hk.init stops
+    # with "GPUs were asked for (SLURM_JOB_GPUS=...)", as it must on a node whose GPUs are gone.
     env = {**job_env(**DETERMINISTIC), "SLURM_CONF": str(slurm.conf), "HVDKIT_VENV": str(BIN.parent),
-           "DATA_DIR": str(data), "EPOCHS": "3"}
+           "DATA_DIR": str(data), "EPOCHS": "3", "HVDKIT_DEVICE": "cpu"}
     script = ROOT / "examples" / "slurm" / "train_gpu.sbatch"
     straight = tmp_path / "straight"
     job, output = slurm.sbatch_file(script, ["-p", "test"], {**env, "CKPT": f"{straight}/"}, cwd=ROOT)

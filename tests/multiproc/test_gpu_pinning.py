@@ -108,6 +108,18 @@ def test_a_rank_told_to_use_the_cpu_trains_beside_gpu_ranks(launch, framework):
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_hvdkit_device_cpu_trains_on_the_cpu_beside_visible_gpus(launch, framework, monkeypatch):
+    # A Slurm job given GPUs that trains on the CPU on purpose: Slurm resets CUDA_VISIBLE_DEVICES, this stays.
+    monkeypatch.setenv("HVDKIT_DEVICE", "cpu")
+    results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "2", "--nccl-check")
+    for r in results:
+        assert "error" not in r and r["gpu"] is None, r
+        assert r["device"] == ("/CPU:0" if framework == "keras-tensorflow" else "cpu")
+        # TensorFlow is shown no GPU, so it places nothing there; torch pins nothing.
+        assert r["calls"] == ([["visible", [], "GPU"]] if framework == "keras-tensorflow" else [])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_gpus_with_a_horovod_built_without_nccl_stop_every_rank_naming_the_flavour(launch, framework):
     # This machine's Horovod is the CPU build: it would allreduce CUDA tensors through host memory, with no word.
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "2", "--nccl-check", expect_ok=False)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import hvdkit_launch_cmd, horovodrun_cmd, job_env, run_job
+from tests.conftest import horovodrun_cmd, hvdkit_launch_cmd, job_env, run_job
 
 pytestmark = pytest.mark.multiproc
 

@@ -325,3 +325,13 @@ def test_gpus_asked_for_but_not_injected_stop_instead_of_training_on_the_cpu(gpu
     check(**{**host, "environ": {**environ, "CUDA_VISIBLE_DEVICES": "-1"}})
     for nothing in ("all", "void", "none", ""):
         check(**{**host, "environ": {"NVIDIA_VISIBLE_DEVICES": nothing}})
+
+
+@pytest.mark.parametrize("value, cpu", [("cpu", True), (" CPU ", True), ("auto", False), ("", False)])
+def test_hvdkit_device_chooses_the_cpu_or_names_the_choices(value, cpu):
+    from hvdkit.core.context import chooses_cpu
+    from hvdkit.core.errors import UserError
+
+    assert chooses_cpu({"HVDKIT_DEVICE": value}) is cpu and chooses_cpu({}) is False
+    with pytest.raises(UserError, match=r"^HVDKIT_DEVICE='gpu0' is not a device choice: set it to cpu"):
+        chooses_cpu({"HVDKIT_DEVICE": "gpu0"})

@@ -89,7 +89,8 @@ if args.framework == "keras-tensorflow":
     real_list = tf.config.list_physical_devices
     tf.config.list_physical_devices = lambda kind=None: list(gpus) if kind == "GPU" else real_list(kind)
     tf.config.experimental.set_memory_growth = lambda dev, on: calls.append(["memory_growth", dev.name, on])
-    tf.config.set_visible_devices = lambda dev, kind=None: calls.append(["visible", dev.name, kind])
+    tf.config.set_visible_devices = lambda dev, kind=None: calls.append(
+        ["visible", [d.name for d in dev] if isinstance(dev, list) else dev.name, kind])
     cuda_driver.load_libcuda = FakeLibcuda
 else:
     if args.framework == "keras-torch":
