@@ -119,6 +119,10 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
     evidence = gpu_evidence(dev_dir, which)
     if evidence is None:
         asked = gpus_asked_for(environ)
+        if asked and asked.startswith("SLURM_"):
+            raise NoGPUError(f"GPUs were asked for ({asked}) but this node shows none ({dev_dir or DEV_DIR} has no "
+                             f"nvidia device, no nvidia-smi on PATH): check its NVIDIA driver and Slurm's gres.conf "
+                             f"there (nvidia-smi), or set HVDKIT_DEVICE=cpu to train on the CPU deliberately")
         if asked:
             raise NoGPUError(f"GPUs were asked for ({asked}) but this {'container' if in_container() else 'host'} "
                              f"has none ({dev_dir or DEV_DIR} has no nvidia device, no nvidia-smi on PATH): start it "

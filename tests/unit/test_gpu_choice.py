@@ -312,7 +312,6 @@ def test_a_cpu_only_tensorflow_is_not_told_to_install_the_torch_gpu_flavour(gpu_
 @pytest.mark.parametrize("environ, asked", [
     ({"NVIDIA_VISIBLE_DEVICES": "GPU-5a1f0000-1111-2222-3333-444455556666"}, "NVIDIA_VISIBLE_DEVICES=GPU-5a1f"),
     ({"NVIDIA_VISIBLE_DEVICES": "0,1"}, "NVIDIA_VISIBLE_DEVICES=0,1"),      # a pod's nvidia.com/gpu: 2
-    ({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, "SLURM_JOB_GPUS=0,1"),
 ])
 def test_gpus_asked_for_but_not_injected_stop_instead_of_training_on_the_cpu(gpu_host, tmp_path, environ, asked):
     host = gpu_host("580.65.06")
@@ -335,3 +334,12 @@ def test_hvdkit_device_chooses_the_cpu_or_names_the_choices(value, cpu):
     assert chooses_cpu({"HVDKIT_DEVICE": value}) is cpu and chooses_cpu({}) is False
     with pytest.raises(UserError, match=r"^HVDKIT_DEVICE='gpu0' is not a device choice: set it to cpu"):
         chooses_cpu({"HVDKIT_DEVICE": "gpu0"})
+
+
+def test_a_slurm_gpu_job_on_a_node_without_gpus_names_the_node_and_hvdkit_device(gpu_host, tmp_path):
+    host = gpu_host("580.65.06")
+    (tmp_path / "dev" / "nvidia0").unlink()
+    with pytest.raises(NoGPUError) as err:
+        check(**{**host, "environ": {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}})
+    assert str(err.value).startswith("GPUs were asked for (SLURM_JOB_GPUS=0,1) but this node shows none")
+    assert "gres.conf" in str(err.value) and "HVDKIT_DEVICE=cpu" in str(err.value) and "docker" not in str(err.value)
