@@ -173,8 +173,15 @@ class ShardSampler(Sampler[int]):
 
 
 def eval_loader(dataset: Dataset, batch_size: int, **loader_kwargs) -> DataLoader:
-    """A DataLoader over this rank's unpadded evaluation shard (see :class:`ShardSampler`)."""
+    """A DataLoader over this rank's unpadded evaluation shard (see :class:`ShardSampler`).
+
+    It draws its workers' seed from a generator of its own: a DataLoader without
+    one takes a number from torch's global generator at every pass, so an
+    evaluation that a resumed job skips (one preempted on an epoch's last batch)
+    would shift every later dropout mask against the uninterrupted run.
+    """
     ctx = current()
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(2_000_003 + ctx.rank))
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), ctx.rank, ctx.size),
                       **loader_kwargs)
 

@@ -107,3 +107,20 @@ def test_shard_arrays_gives_every_rank_the_same_rows_of_tensors(monkeypatch, row
     assert {len(sx) for sx, _ in shards} == {len(sy) for _, sy in shards} == {-(-rows // size)}
     assert set(torch.cat([sy for _, sy in shards]).tolist()) == set(range(rows))
     assert all(torch.equal(sx[:, 1] // 2, sy) for sx, sy in shards), "rows of x and y stay paired"
+
+
+def test_an_evaluation_pass_leaves_torchs_global_generator_alone():
+    # A resumed job that skips an epoch-end evaluation (preempted on the epoch's last batch) must draw the same
+    # dropout masks afterwards as the uninterrupted run: the eval loader may not take from the global generator.
+    import torch
+
+    import hvdkit.torch as hk
+
+    hk.init()
+    loader = hk.eval_loader(list(range(10)), batch_size=4)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    for _ in loader:
+        pass
+    assert torch.equal(torch.rand(3), expected)
