@@ -167,7 +167,10 @@ SHARED = "import hvdkit.torch as hk; hk.init()"
 
 def check_env() -> dict:
     status, out, _ = run([str(BIN / "hvdkit"), "env", "--json"], 120)
-    report = last_json(out)
+    try:                       # indented JSON over many lines, after any warning lines
+        report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    except ValueError:
+        report = {}
     horovod = report.get("horovod") or {}
     nccl = (horovod.get("tensor_operations") or {}).get("nccl")
     return {"ok": status == 0 and bool(nccl) and bool(report.get("gpus")), "nccl_version": horovod.get("nccl_version"),
@@ -235,7 +238,10 @@ def main() -> int:
         "torch_amp": lambda: check_job(TORCH_AMP, 1, 180, lambda r: r["last_loss"] < r["first_loss"]),
         "keras_torch_mixed_float16": lambda: check_job(KERAS_TORCH_AMP, 1, 240, lambda r: r["accuracy"] > 0.8
                                                          and "cuda" in r["device"]),
-        "torch_compile": lambda: check_job(TORCH_COMPILE, 1, 240, lambda r: r["loss"] == r["loss"]),
+        "torch_compile": lambda: (check_job(TORCH_COMPILE, 1, 240, lambda r: r["loss"] == r["loss"])
+                                  if shutil.which("cc") or shutil.which("gcc") else
+                                  {"ok": None, "note": "no C compiler: Triton compiles a launcher at run time; the "
+                                                       "runtime image has none (docs/GPU.md, item 8)"}),
         "input_wait_resnet50": check_input_wait,
         "two_ranks_one_gpu": check_sharing,
         "keras_tensorflow": check_keras_tensorflow,

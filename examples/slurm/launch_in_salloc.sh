@@ -20,7 +20,11 @@
 # and the same `hvdkit launch --slurm` training on CPUs.
 set -euo pipefail
 # The GPU flavour's venv (make install-gpu) in a GPU allocation, the CPU one otherwise.
-if [ -n "${SLURM_JOB_GPUS:-}${SLURM_GPUS_ON_NODE:-}" ]; then VENV=$HOME/hvdkit/.venv-gpu; else VENV=$HOME/hvdkit/.venv; fi
+if [ -n "${SLURM_JOB_GPUS:-}${SLURM_GPUS_ON_NODE:-}${SLURM_GPUS_PER_NODE:-}${SLURM_GPUS:-}" ]; then
+  VENV=$HOME/hvdkit/.venv-gpu
+else
+  VENV=$HOME/hvdkit/.venv
+fi
 VENV=${HVDKIT_VENV:-$VENV}
 EPOCHS=${EPOCHS:-12}
 

@@ -125,7 +125,8 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
         threads = cpu_threads_per_rank(where["local_size"])
     if threads is not None:           # given, or the CPU default: on a GPU only when asked for
         backend.set_threads(threads)  # before pin's exchange, which starts TensorFlow's runtime
-    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=on_gpu)
+    # use_gpu=False only by choice: a rank that lost its GPU still joins as blind, so the mixed job stops
+    gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=not cpu_chosen)
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
     if seed is not None:
         seed_everything(seed)

@@ -109,13 +109,13 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
         check_cuda_usable(False, "torch", "13.0")
         # NoGPUError: NVIDIA GPU(s) found (/dev/nvidia0) but torch cannot use CUDA: driver 550.54.15 is older
         # than 580, the minimum for CUDA 13 (torch is built for CUDA 13.0); upgrade the NVIDIA driver to 580 or
-        # newer, or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately
+        # newer, or set HVDKIT_DEVICE=cpu to train on the CPU deliberately
     """
     environ = os.environ if environ is None else environ
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if usable or hides_all_gpus(cvd) or slurm.gave_no_gpu(environ):
         return
-    cpu = "or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately"
+    cpu = "or set HVDKIT_DEVICE=cpu to train on the CPU deliberately"
     evidence = gpu_evidence(dev_dir, which)
     if evidence is None:
         asked = gpus_asked_for(environ)

@@ -212,8 +212,8 @@ def _mixed_message(blind: Sequence[GPUView], seeing: Sequence[GPUView]) -> str:
     return (f"{_ranks_text([v.rank for v in blind])} on {blind_hosts} {'sees' if len(blind) == 1 else 'see'} no GPU "
             f"while {_ranks_text([v.rank for v in seeing])} on {', '.join(sorted({v.host for v in seeing}))} "
             f"{'does' if len(seeing) == 1 else 'do'}: a job runs on GPUs on every host or on none; check the GPUs "
-            f"and driver on {blind_hosts} (nvidia-smi there) and that the launcher did not hide them, or hide every "
-            f"GPU (CUDA_VISIBLE_DEVICES=-1) to train on the CPU")
+            f"and driver on {blind_hosts} (nvidia-smi there) and that the launcher did not hide them, or set "
+            f"HVDKIT_DEVICE=cpu to train on the CPU")
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

@@ -57,8 +57,13 @@ def installed_backend() -> str:
     """TensorFlow when it is installed, else PyTorch: Keras's default, but the one that imports."""
     import importlib.util
 
-    return "tensorflow" if importlib.util.find_spec("tensorflow") is not None or \
-        importlib.util.find_spec("torch") is None else "torch"
+    def installed(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):       # a broken or half-removed install counts as absent
+            return False
+
+    return "tensorflow" if installed("tensorflow") or not installed("torch") else "torch"
 
 
 def keras_module(mode: str):
@@ -70,6 +75,12 @@ def keras_module(mode: str):
             raise ImportError(f"TF_USE_LEGACY_KERAS=1 needs tf-keras ({exc}): run scripts/install.sh, "
                               "which pins tf-keras to the TensorFlow version") from exc
         return keras
+    import sys
+
+    if "keras" not in sys.modules:
+        # Keras would take TensorFlow when KERAS_BACKEND is unset: give it the mode resolved here (torch
+        # where TensorFlow is not installed, see installed_backend).
+        os.environ.setdefault("KERAS_BACKEND", mode)
     import keras
 
     if keras.backend.backend() != mode:

@@ -33,8 +33,14 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     (:func:`seed_everything`; ``per_rank=True`` there for per-rank streams).
     """
     mode = resolve_backend()
-    return context.init(backend_for(mode), mode, adapter=ADAPTER, seed=seed, threads=threads,
-                        seed_hook=lambda value: keras_module(mode).utils.set_random_seed(value))
+    ctx = context.init(backend_for(mode), mode, adapter=ADAPTER, seed=seed, threads=threads,
+                       seed_hook=lambda value: keras_module(mode).utils.set_random_seed(value))
+    if mode == "torch" and ctx.gpu is None:
+        # Keras on torch puts variables on "cuda" whenever torch sees a GPU: HVDKIT_DEVICE=cpu must reach it.
+        from keras.src.backend.common import global_state
+
+        global_state.set_global_attribute("torch_device", "cpu")
+    return ctx
 
 
 def current() -> Context:

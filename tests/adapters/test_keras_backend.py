@@ -76,3 +76,15 @@ def test_adapter_names_resolve_to_the_same_object_every_time():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_without_tensorflow_or_keras_backend_keras_imports_on_torch(tmp_path):
+    # .venv-gpu: no TensorFlow, no KERAS_BACKEND. hvdkit resolved torch but Keras, left to itself, took TensorFlow.
+    # None in sys.modules: `import tensorflow` fails and importlib.util.find_spec says None, as when absent.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}
+    env.update(KERAS_HOME=str(tmp_path), PYTHONPATH=f"{tmp_path}:{ROOT}")
+    code = "import hvdkit.keras as hk; keras = hk.use_backend(None); print(keras.backend.backend())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "torch"

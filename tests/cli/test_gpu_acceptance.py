@@ -13,8 +13,13 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.cli
 
 
-def test_make_test_gpu_refuses_in_one_line_on_a_cpu_machine():
-    proc = subprocess.run(["make", "-s", "test-gpu"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+def test_make_test_gpu_refuses_in_one_line_on_a_cpu_machine(tmp_path):
+    # An nvidia-smi that lists no GPU first on PATH: this test must not start the real run on a GPU host.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n")
+    smi.chmod(0o755)
+    proc = subprocess.run(["make", "-s", "test-gpu"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert proc.returncode != 0 and proc.stdout == "", proc.stdout
     ours = [line for line in proc.stderr.splitlines() if not line.startswith("make: ")]
     assert ours == ["make test-gpu: no NVIDIA GPU here (nvidia-smi lists none): it is the acceptance run for a GPU "

@@ -96,8 +96,10 @@ def test_each_flavour_has_its_own_venv_the_slurm_scripts_use():
     assert "HVDKIT_VENV:-$HOME/hvdkit/.venv-gpu}" in (ROOT / "examples" / "slurm" / "train_gpu.sbatch").read_text()
     # launch_in_salloc.sh picks by the allocation: the GPU venv when Slurm gave GPUs.
     script = (ROOT / "examples" / "slurm" / "launch_in_salloc.sh").read_text()
-    venv_lines = "\n".join(line for line in script.splitlines() if line.startswith(("if [ -n \"${SLURM", "VENV=")))
-    for env, expected in (({"SLURM_JOB_GPUS": "0,1"}, ".venv-gpu"), ({}, ".venv")):
+    start = script.index('if [ -n "${SLURM_JOB_GPUS')
+    venv_lines = script[start:script.index("\n", script.index("VENV=${HVDKIT_VENV:-$VENV}"))]
+    for env, expected in (({"SLURM_JOB_GPUS": "0,1"}, ".venv-gpu"), ({"SLURM_GPUS_PER_NODE": "4"}, ".venv-gpu"),
+                          ({}, ".venv")):
         proc = subprocess.run(["bash", "-c", venv_lines + '\necho "$VENV"'], capture_output=True, text=True,
                               env={"HOME": "/h", "PATH": os.environ["PATH"], **env}, timeout=30)
         assert proc.stdout.strip() == f"/h/hvdkit/{expected}", (env, proc.stdout, proc.stderr)

@@ -93,8 +93,7 @@ def test_a_rank_that_sees_no_gpu_beside_ranks_that_do_stops_every_rank(launch, f
     for r in results:
         assert r["error"] == (f"rank 1 on {host} sees no GPU while rank 0 on {host} does: a job runs on GPUs on every "
                               f"host or on none; check the GPUs and driver on {host} (nvidia-smi there) and that "
-                              f"the launcher did not hide them, or hide every GPU (CUDA_VISIBLE_DEVICES=-1) to "
-                              f"train on the CPU"), r
+                              f"the launcher did not hide them, or set HVDKIT_DEVICE=cpu to train on the CPU"), r
     assert results[1]["calls"] == []
 
 
@@ -115,8 +114,9 @@ def test_hvdkit_device_cpu_trains_on_the_cpu_beside_visible_gpus(launch, framewo
     for r in results:
         assert "error" not in r and r["gpu"] is None, r
         assert r["device"] == ("/CPU:0" if framework == "keras-tensorflow" else "cpu")
-        # TensorFlow is shown no GPU, so it places nothing there; torch pins nothing.
+        # TensorFlow is shown no GPU, so it places nothing there; torch pins nothing; Keras on torch uses the CPU.
         assert r["calls"] == ([["visible", [], "GPU"]] if framework == "keras-tensorflow" else [])
+        assert r.get("keras_device", "cpu") == "cpu", r
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -145,5 +145,5 @@ def test_gpus_that_cuda_cannot_use_stop_every_rank(launch, framework):
         assert f"but {name} cannot use CUDA: driver 520.61.05 is older than {minimum}, the minimum for CUDA {cuda}" \
             in error
         assert f"upgrade the NVIDIA driver to {minimum} or newer" in error
-        assert "or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU deliberately" in error and "\n" not in error
+        assert "or set HVDKIT_DEVICE=cpu to train on the CPU deliberately" in error and "\n" not in error
         assert r["calls"] == []

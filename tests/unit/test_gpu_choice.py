@@ -183,8 +183,8 @@ def test_a_driver_older_than_the_frameworks_cuda_needs(gpu_host, driver, framewo
     assert str(err.value) == (
         f"NVIDIA GPU(s) found ({gpu_host(driver)['dev_dir']}/nvidia0) but {framework} cannot use CUDA: driver "
         f"{driver} is older than {minimum}, the minimum for CUDA {major} ({framework} is built for CUDA {build}); "
-        f"upgrade the NVIDIA driver to {minimum} or newer, or set CUDA_VISIBLE_DEVICES= (empty) to train on the "
-        f"CPU deliberately")
+        f"upgrade the NVIDIA driver to {minimum} or newer, or set HVDKIT_DEVICE=cpu to train on the CPU "
+        f"deliberately")
 
 
 def test_the_open_kernel_modules_version_line_is_read(gpu_host):
@@ -201,7 +201,7 @@ def test_the_open_kernel_modules_version_line_is_read(gpu_host):
 def test_unusable_cuda_with_an_unknown_or_recent_driver_still_names_the_fix(gpu_host, driver, needle):
     with pytest.raises(NoGPUError) as err:
         check(**gpu_host(driver))
-    assert needle in str(err.value) and "CUDA_VISIBLE_DEVICES= (empty)" in str(err.value)
+    assert needle in str(err.value) and "HVDKIT_DEVICE=cpu" in str(err.value)
     assert "\n" not in str(err.value)
 
 

@@ -113,6 +113,10 @@ else:
 try:
     ctx = hk.init()
     result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
+    if args.framework == "keras-torch":      # where Keras on torch puts new variables
+        from keras.src.backend.torch.core import get_device
+
+        result["keras_device"] = str(get_device())
 except RuntimeError as exc:
     result = {"error": str(exc), "calls": calls}
 write_result(args.out, rank, result)
