@@ -112,15 +112,19 @@ def test_shard_arrays_gives_every_rank_the_same_rows_of_tensors(monkeypatch, row
 def test_an_evaluation_pass_leaves_torchs_global_generator_alone():
     # A resumed job that skips an epoch-end evaluation (preempted on the epoch's last batch) must draw the same
     # dropout masks afterwards as the uninterrupted run: the eval loader may not take from the global generator.
-    import torch
+    # In a subprocess: hk.init() here would set Horovod's defaults and MPI's variables in pytest's environment,
+    # which every later job inherits.
+    import subprocess
+    import sys
 
-    import hvdkit.torch as hk
+    from tests.conftest import ROOT, job_env
 
-    hk.init()
-    loader = hk.eval_loader(list(range(10)), batch_size=4)
-    torch.manual_seed(0)
-    expected = torch.rand(3)
-    torch.manual_seed(0)
-    for _ in loader:
-        pass
-    assert torch.equal(torch.rand(3), expected)
+    code = ("import torch, hvdkit.torch as hk; hk.init(); loader = hk.eval_loader(list(range(10)), batch_size=4)\n"
+            "torch.manual_seed(0); expected = torch.rand(3)\n"
+            "torch.manual_seed(0)\n"
+            "for _ in loader: pass\n"
+            "print('unchanged' if torch.equal(torch.rand(3), expected) else 'advanced')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=job_env(),
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "unchanged"
