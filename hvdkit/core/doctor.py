@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -192,13 +193,23 @@ def cross_host_allreduce(cfg: DoctorConfig, interface: str | None, build: BuildF
     argv = list(plan.argv)
     start = time.time()
     rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
-    lines = [line for line in out.splitlines() if "hvdkit-selfcheck" in line]
-    ok = rc == 0 and len(lines) == target.np and all("ok=True" in line for line in lines)
-    hosts = sorted({line.split("host=")[1].split()[0] for line in lines})
-    detail = (f"{len(lines)} ranks on {', '.join(hosts)} over {plan.controller} in {time.time() - start:.1f}s" if ok
-              else f"exit {rc}: {((err or out).strip().splitlines() or ['no output'])[-1][:200]}")
+    ranks = selfcheck_results(out)
+    ok = rc == 0 and sorted(ranks) == list(range(target.np)) and all(good for _, good in ranks.values())
+    hosts = sorted({host for host, _ in ranks.values()})
+    detail = (f"{len(ranks)} ranks on {', '.join(hosts)} over {plan.controller} in {time.time() - start:.1f}s" if ok
+              else f"exit {rc}, {len(ranks)} of {target.np} ranks reported: "
+                   f"{((err or out).strip().splitlines() or ['no output'])[-1][:200]}")
     fix = "" if ok else "run the command by hand with --verbose: " + shlex.join(argv)
     return Check("*", "allreduce", ok, detail, fix)
+
+
+_SELFCHECK = re.compile(r"hvdkit-selfcheck rank=(\d+) size=\d+ host=(\S+) framework=\S+ ok=(True|False)")
+
+
+def selfcheck_results(output: str) -> dict[int, tuple[str, bool]]:
+    """Each rank's (host, ok) from ``python -m hvdkit.selfcheck``'s lines, found anywhere in the output:
+    mpirun's output tags may put two ranks' lines on one line."""
+    return {int(rank): (host, ok == "True") for rank, host, ok in _SELFCHECK.findall(output)}
 
 
 def run_doctor(cfg: DoctorConfig) -> DoctorReport:

@@ -127,3 +127,14 @@ def test_ipv6_is_refused_with_what_to_use_instead(text):
 def test_an_invisible_character_is_named_with_its_position():
     with pytest.raises(HostSpecError, match=r"contains the invisible or non-ASCII character U\+200B at position 4"):
         parse_hosts_string("ser\u200bver1:2")
+
+
+def test_doctors_allreduce_reads_every_ranks_line_even_when_mpirun_joins_two():
+    # Seen in a full run: "exit 0" with both ranks fine, but mpirun's tags had put their lines on one line.
+    from hvdkit.core.doctor import selfcheck_results
+
+    out = ("[1,0]<stdout>:hvdkit-selfcheck rank=0 size=2 host=vm framework=torch ok=True"
+           "[1,1]<stdout>:hvdkit-selfcheck rank=1 size=2 host=vm framework=torch ok=True\n[1,0]<stdout>:\n")
+    assert selfcheck_results(out) == {0: ("vm", True), 1: ("vm", True)}
+    assert selfcheck_results("hvdkit-selfcheck rank=1 size=2 host=b framework=tensorflow ok=False\n") == \
+        {1: ("b", False)}
