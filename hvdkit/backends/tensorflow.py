@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import tensorflow as tf
 
@@ -38,9 +37,7 @@ class TensorFlowBackend(Backend):
         if gpus and not use_gpu:
             tf.config.set_visible_devices([], "GPU")           # HVDKIT_DEVICE=cpu: TensorFlow places nothing there
             gpus = []
-        view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)) if gpus else ())
-        if not use_gpu:
-            view = replace(view, cuda_visible_devices="-1")   # on the CPU by choice, not a rank that lost its GPU
+        view = GPUView.here(rank, local_rank, local_size, _gpu_uuids(len(gpus)) if gpus else (), use_gpu)
 
         def pin(index: int) -> None:
             tf.config.experimental.set_memory_growth(gpus[index], True)

@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -35,9 +34,7 @@ class TorchBackend(Backend):
     def pin(self, rank: int, local_rank: int, local_size: int, use_gpu: bool = True):
         # device_count() and the properties are already filtered by CUDA_VISIBLE_DEVICES.
         uuids = cuda_driver.torch_gpu_uuids(torch) if use_gpu and torch.cuda.is_available() else ()
-        view = GPUView.here(rank, local_rank, local_size, uuids)
-        if not use_gpu:
-            view = replace(view, cuda_visible_devices="-1")   # on the CPU by choice, not a rank that lost its GPU
+        view = GPUView.here(rank, local_rank, local_size, uuids, use_gpu)
         gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         return gpu, torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 

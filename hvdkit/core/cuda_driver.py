@@ -122,13 +122,12 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
         if asked and asked.startswith("SLURM_"):
             raise NoGPUError(f"GPUs were asked for ({asked}) but this node shows none ({dev_dir or DEV_DIR} has no "
                              f"nvidia device, no nvidia-smi on PATH): check its NVIDIA driver and Slurm's gres.conf "
-                             f"there (nvidia-smi), or set HVDKIT_DEVICE=cpu to train on the CPU deliberately")
+                             f"there (nvidia-smi), {cpu}")
         if asked:
             raise NoGPUError(f"GPUs were asked for ({asked}) but this {'container' if in_container() else 'host'} "
                              f"has none ({dev_dir or DEV_DIR} has no nvidia device, no nvidia-smi on PATH): start it "
                              f"with its GPUs (docker run --gpus all; on Kubernetes runtimeClassName: nvidia where "
-                             f"nvidia is not the default runtime) and check the node's driver with nvidia-smi, or set "
-                             f"HVDKIT_DEVICE=cpu to train on the CPU deliberately")
+                             f"nvidia is not the default runtime) and check the node's driver with nvidia-smi, {cpu}")
         return
     found = f"NVIDIA GPU(s) found ({evidence}) but {framework} cannot use CUDA"
     if cvd is not None:

@@ -90,10 +90,16 @@ class GPUView:
     cuda_visible_devices: str | None = None
 
     @classmethod
-    def here(cls, rank: int, local_rank: int, local_size: int, uuids) -> GPUView:
-        """This process's view; ``uuids`` may be the framework's UUID objects (their ``str()``) or None."""
+    def here(cls, rank: int, local_rank: int, local_size: int, uuids, use_gpu: bool = True) -> GPUView:
+        """This process's view; ``uuids`` may be the framework's UUID objects (their ``str()``) or None.
+
+        ``use_gpu=False`` (``HVDKIT_DEVICE=cpu``): no GPU, hidden by choice (as
+        ``CUDA_VISIBLE_DEVICES=-1``), so the ranks do not take it for a lost GPU.
+        """
         import socket
 
+        if not use_gpu:
+            return cls(rank, socket.gethostname(), local_rank, local_size, (), "-1")
         return cls(rank, socket.gethostname(), local_rank, local_size,
                    tuple(None if u is None else str(u) for u in uuids), os.environ.get("CUDA_VISIBLE_DEVICES"))
 

@@ -83,12 +83,13 @@ def test_more_processes_than_gpus_gets_the_slots_error(launch, framework):
         "a rank without a GPU must not pin one"
 
 
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_rank_that_sees_no_gpu_beside_ranks_that_do_stops_every_rank(launch, framework):
+def test_a_rank_that_sees_no_gpu_beside_ranks_that_do_stops_every_rank(launch, framework, controller):
     # Rank 1's host shows it no GPU (ranks started over ssh outside Slurm's GPU binding, a lost driver) while
     # rank 0 sees one. Before, rank 1 skipped the ranks' exchange and rank 0 waited in it alone.
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--uuids", "a", "--uuids", "",
-                     "--cvd", "0", "--cvd", "unset", expect_ok=False)
+                     "--cvd", "0", "--cvd", "unset", controller=controller, expect_ok=False)
     host = socket.gethostname()
     for r in results:
         assert r["error"] == (f"rank 1 on {host} sees no GPU while rank 0 on {host} does: a job runs on GPUs on every "
