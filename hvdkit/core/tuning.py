@@ -6,8 +6,9 @@ say) wins, as do horovodrun's flags (``--cycle-time-ms`` sets
 ``HOROVOD_CYCLE_TIME``; ``--autotune`` leaves the fusion threshold and cycle
 time to Horovod's autotuner). Each default is set only where it was
 measured: on CPU, and the fusion threshold and cycle time only under MPI
-(the cycle time only when every rank is on one host). On GPU hosts
-Horovod's own defaults stay.
+(the cycle time only when every rank is on one host); across CPU hosts a
+waiting rank sleeps instead of spinning (``HOROVOD_BLOCKING_WAIT=1``). On GPU
+hosts Horovod's own defaults stay.
 
 Example::
 
@@ -186,6 +187,10 @@ def horovod_defaults(on_gpu: bool, controller: str, one_host: bool, autotune: bo
         defaults["HOROVOD_FUSION_THRESHOLD"] = str(CPU_FUSION_THRESHOLD)
         if one_host:
             defaults["HOROVOD_CYCLE_TIME"] = CPU_MPI_CYCLE_TIME_MS
+    if not one_host:
+        # Across CPU hosts a collective waits milliseconds to seconds on the network; a rank spinning on
+        # sched_yield meanwhile takes a core from the threads that move and reduce its data (patch item 11).
+        defaults["HOROVOD_BLOCKING_WAIT"] = "1"
     return defaults
 
 
