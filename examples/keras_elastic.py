@@ -12,8 +12,8 @@ import json
 import time
 
 import hvdkit.keras as hk  # hvdkit:
-from hvdkit.core.argtypes import positive_float, positive_int
-from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
+from hvdkit.common.argtypes import positive_float, positive_int
+from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 
 def parse_args():

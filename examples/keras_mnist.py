@@ -16,8 +16,8 @@ import os
 import time
 
 import hvdkit.keras as hk  # hvdkit:
-from hvdkit.core.argtypes import non_negative_float, positive_float, positive_int
-from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
+from hvdkit.common.argtypes import non_negative_float, positive_float, positive_int
+from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 
 def parse_args():

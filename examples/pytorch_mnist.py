@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk  # hvdkit:
-from hvdkit.core.argtypes import non_negative_float, positive_float, positive_int
-from hvdkit.core.datasets import DATASETS, DatasetError, load_dataset
+from hvdkit.common.argtypes import non_negative_float, positive_float, positive_int
+from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 
 class Net(nn.Module):

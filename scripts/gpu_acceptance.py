@@ -96,7 +96,7 @@ if ctx.rank == 0:
 
 TORCH_AMP = """
 import json, time, torch, torch.nn.functional as F, hvdkit.torch as hk
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 ctx = hk.init(seed=0)
 data = load_dataset("digits", "data/mnist")
 x = torch.as_tensor(data.x_train).float().reshape(-1, 1, 28, 28).to(ctx.device)
@@ -126,7 +126,7 @@ import json, os
 os.environ["KERAS_BACKEND"] = "torch"
 import hvdkit.keras as hk
 import keras
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 ctx = hk.init(seed=0)
 keras.mixed_precision.set_global_policy("mixed_float16")
 data = load_dataset("digits", "data/mnist")

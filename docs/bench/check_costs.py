@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hvdkit.torch as hk
 from hvdkit.bench.models import MnistNet, ResNet50
-from hvdkit.core.datacheck import rows_fingerprint
+from hvdkit.runtime.datacheck import rows_fingerprint
 from hvdkit.torch.data import _samples_digest, _whole_dataset_in_use
 
 ctx = hk.init(seed=0)

@@ -11,7 +11,7 @@ import statistics
 import time
 
 import hvdkit.keras as hk
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 
 keras = hk.use_backend("tensorflow")
 ctx = hk.init(seed=0)

@@ -1,4 +1,4 @@
-"""One :class:`hvdkit.core.backend.Backend` per framework whose tensors Horovod reduces.
+"""One :class:`hvdkit.runtime.backend.Backend` per framework whose tensors Horovod reduces.
 
 ``torch`` serves :mod:`hvdkit.torch` and Keras 3 on PyTorch; ``tensorflow``
 serves Keras 3 on TensorFlow and tf-keras. Importing this package imports

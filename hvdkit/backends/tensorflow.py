@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hvdkit.backends import import_horovod
-from hvdkit.core import cuda_driver
-from hvdkit.core.backend import Backend
-from hvdkit.core.topology import GPUView, pin_gpu
+from hvdkit.runtime import cuda_driver
+from hvdkit.runtime.backend import Backend
+from hvdkit.runtime.topology import GPUView, pin_gpu
 
 hvd = import_horovod("horovod.tensorflow", "hvdkit.keras")
 
@@ -81,7 +81,7 @@ def _gpu_uuids(count: int) -> list[str | None]:
     """The UUIDs of TensorFlow's ``GPU:0..count-1``, from the CUDA driver library (TensorFlow has no UUID API).
 
     None for each where the library cannot say or counts differently from
-    TensorFlow; :attr:`hvdkit.core.topology.GPUView.gpus` then falls back to
+    TensorFlow; :attr:`hvdkit.runtime.topology.GPUView.gpus` then falls back to
     the CUDA_VISIBLE_DEVICES entries.
     """
     uuids = cuda_driver.visible_gpu_uuids()

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import torch
 
 from hvdkit.backends import import_horovod
-from hvdkit.core import cuda_driver
-from hvdkit.core.backend import Backend
-from hvdkit.core.topology import GPUView, pin_gpu
+from hvdkit.runtime import cuda_driver
+from hvdkit.runtime.backend import Backend
+from hvdkit.runtime.topology import GPUView, pin_gpu
 
 hvd = import_horovod("horovod.torch", "hvdkit")
 

@@ -1,4 +1,4 @@
-"""Fit the cost model (:mod:`hvdkit.core.costmodel`) to what ``hvdkit bench`` measured.
+"""Fit the cost model (:mod:`hvdkit.ops.costmodel`) to what ``hvdkit bench`` measured.
 
 Example::
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from hvdkit.core.costmodel import Network, fit_network
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
+from hvdkit.ops.costmodel import Network, fit_network
 
 
 def _load(path: str) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 MODELS = ("mnist", "resnet50")
 
@@ -30,7 +30,7 @@ class Implementation:
     framework: str              # what the worker calls: "hvdkit", "horovod", "torch.distributed", "mpi4py" or "ps"
     description: str
     # horovodrun's controller: "auto" is whatever `hvdkit launch` would pick
-    # (hvdkit.core.launch.choose_controller); None: started by torchrun.
+    # (hvdkit.ops.launch.choose_controller); None: started by torchrun.
     controller: str | None = "auto"
     average: bool = True        # mpi4py: scale the sum by 1/size after the allreduce
     reference: bool = False     # the allreduce table gives hvdkit's bandwidth as a share of this one's

@@ -5,7 +5,7 @@ worker. Each exchange, a worker sends its tensors, flattened into one buffer,
 to the server and waits for the average; the server receives every worker's
 buffer at once, sums them, scales by 1/workers and sends the result back to
 each. So the server's link carries N buffers in, then N out, for N workers:
-what :func:`hvdkit.core.costmodel.parameter_server_s` predicts. It runs over
+what :func:`hvdkit.ops.costmodel.parameter_server_s` predicts. It runs over
 torch.distributed (Gloo) point-to-point, rendezvous at MASTER_ADDR:MASTER_PORT
 (set by :mod:`hvdkit.bench.runner`).
 

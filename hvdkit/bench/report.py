@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 
 from hvdkit.bench.catalog import implementations
-from hvdkit.core.checkpoint_files import atomic_write, writable_free_bytes
-from hvdkit.core.console import text_table
-from hvdkit.core.errors import UserError
-from hvdkit.core.units import format_bytes
+from hvdkit.common.console import text_table
+from hvdkit.common.errors import UserError
+from hvdkit.common.files import atomic_write, writable_free_bytes
+from hvdkit.common.units import format_bytes
 
 
 def bus_factor(n: int) -> float:
@@ -108,7 +108,7 @@ def check_results_dir(out: str) -> None:
 
 def write_file(path: str, data: str | bytes) -> None:
     """Write a result atomically: on a full disk or a read-only directory the run stops with one line
-    (:class:`~hvdkit.core.checkpoint_files.CheckpointError`, a UserError) and the previous file stays whole."""
+    (:class:`~hvdkit.common.files.WriteError`, a UserError) and the previous file stays whole."""
     raw = data.encode() if isinstance(data, str) else data
     atomic_write(path, lambda f: f.write(raw), what="bench result")
 
@@ -226,7 +226,7 @@ def plot_cost_model(path: str, preds, assumptions: dict) -> None:
 
 def plot_timeline(path: str, report, title: str = "") -> None:
     """``hvdkit timeline``'s picture: per rank, how late it reports tensors ready and how long it waits,
-    against the time in collectives; and the heaviest tensors (a :class:`hvdkit.core.timeline.TimelineReport`)."""
+    against the time in collectives; and the heaviest tensors (a :class:`hvdkit.ops.timeline.TimelineReport`)."""
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 1.4]})
     ranks = [f"rank {s.rank}" for s in report.ranks]

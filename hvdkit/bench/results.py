@@ -16,6 +16,8 @@ import re
 import socket
 import sys
 
+from hvdkit.common.launcher import detect
+
 MARK = "HVDKIT-RESULT"
 _CHUNK = 160
 _LINE = re.compile(MARK + r" (\d+)/(\d+) ([A-Za-z0-9+/=]+)")
@@ -52,13 +54,8 @@ def collect(output: str) -> dict | None:
 
 def launcher_world() -> tuple[int, int, int]:
     """(rank, size, local_rank) as the launcher set them: horovodrun (Gloo), mpirun or torchrun."""
-    env = os.environ
-    for prefix in ("HOROVOD_", "OMPI_COMM_WORLD_", ""):
-        rank_key = f"{prefix}RANK"
-        if rank_key in env:
-            size_key = f"{prefix}SIZE" if prefix else "WORLD_SIZE"
-            return int(env[rank_key]), int(env.get(size_key, 1)), int(env.get(f"{prefix}LOCAL_RANK", 0))
-    return 0, 1, 0
+    place = detect()
+    return place.rank, place.size, place.local_rank
 
 
 def cuda_index(local_rank: int, visible: int) -> int:
@@ -81,7 +78,7 @@ def machine() -> dict:
     """What the numbers were measured on: host, CPU, cores, memory, GPUs (nvidia-smi, as in hvdkit env)."""
     import psutil
 
-    from hvdkit.core.envreport import gpu_names
+    from hvdkit.ops.envreport import gpu_names
 
     return {"host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpu": ", ".join(gpu_names()) or None}

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from hvdkit.bench.catalog import MODELS, Implementation, check_models, implementations
 from hvdkit.bench.results import collect
-from hvdkit.core.console import progress
-from hvdkit.core.hosts import LOCAL_NAMES
-from hvdkit.core.launch import BuildFlags, LaunchTarget, plan_launch
-from hvdkit.core.topology import share_of_cores
+from hvdkit.common.console import progress
+from hvdkit.ops.hosts import LOCAL_NAMES
+from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
+from hvdkit.runtime.topology import share_of_cores
 
 
 @dataclass(frozen=True)

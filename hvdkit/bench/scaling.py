@@ -5,7 +5,7 @@ The study (``make bench-scaling``: tests/multihost/scaling_study.py) runs
 one process each, over links shaped by tc, and saves every bench result in
 one ``scaling.json``. This module reads it back:
 
-1. fits the model's network (:func:`hvdkit.core.costmodel.fit_network`, what
+1. fits the model's network (:func:`hvdkit.ops.costmodel.fit_network`, what
    ``hvdkit plan --calibrate DIR --impl horovod-gloo`` does) to one ring's
    sweep on 2 hosts only: Horovod's Gloo ring by default, the one that ran at
    the link's rate (Open MPI's TCP allreduce did not: docs/BENCHMARKS.md);
@@ -25,9 +25,9 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.core.costmodel import Network, fit_network, parameter_server_s, ring_allreduce_s
-from hvdkit.core.errors import UserError
-from hvdkit.core.units import format_bytes
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import format_bytes
+from hvdkit.ops.costmodel import Network, fit_network, parameter_server_s, ring_allreduce_s
 
 TOLERANCE = 0.15            # the goal: every prediction within 15% of the measurement
 RING = ("hvdkit", "horovod-gloo", "mpi4py-avg", "torch")

@@ -38,7 +38,7 @@ from hvdkit.bench.results import cuda_index, emit, launcher_world, machine
 def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
     """The examples' digits data for ``mnist``; seeded synthetic images for ``resnet50``."""
     if model == "mnist":
-        from hvdkit.core.datasets import load_dataset
+        from hvdkit.examples.datasets import load_dataset
 
         data = load_dataset("digits", "data/mnist", seed=0)
         return TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))

@@ -6,7 +6,7 @@ import math
 import statistics
 
 from hvdkit.bench.report import pyplot, save_figure
-from hvdkit.core.console import text_table
+from hvdkit.common.console import text_table
 
 PHASES = ("input", "compute", "allreduce", "update")
 

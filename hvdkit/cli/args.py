@@ -17,10 +17,11 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from hvdkit.core import slurm
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string, to_hosts_string
-from hvdkit.core.launch import LaunchTarget
+from hvdkit.common.errors import UserError
+from hvdkit.common.launcher import SLURM
+from hvdkit.ops import slurm
+from hvdkit.ops.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string, to_hosts_string
+from hvdkit.ops.launch import LaunchTarget
 
 
 def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False) -> None:
@@ -32,7 +33,7 @@ def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False)
     group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
     group.add_argument("--hostfile", help="file with one '<host> slots=<N>' a line")
     group.add_argument("--slurm", action="store_true",
-                       help="the hosts of this Slurm allocation ($SLURM_JOB_NODELIST, $SLURM_TASKS_PER_NODE); "
+                       help=f"the hosts of this Slurm allocation (${SLURM.NODELIST}, ${SLURM.TASKS_PER_NODE}); "
                             "the default inside sbatch/salloc when no hosts are given")
     if discovery:
         group.add_argument("--host-discovery-script", metavar="SCRIPT",
@@ -86,7 +87,7 @@ def resolve_hosts(args: argparse.Namespace, np: int | None,
     the command runs in; else ``np`` slots on this machine, as ``horovodrun
     -np 2`` runs. The processes: -np, else the allocation's tasks, else every
     slot listed. Returns (hosts, np, a note when hvdkit chose this machine).
-    Whether a host is this machine is :func:`hvdkit.core.hosts.is_this_machine`'s
+    Whether a host is this machine is :func:`hvdkit.ops.hosts.is_this_machine`'s
     answer everywhere (``localhost``, ``127.0.0.1``, or this machine's name).
     """
     env = os.environ if env is None else env
@@ -100,7 +101,7 @@ def resolve_hosts(args: argparse.Namespace, np: int | None,
 
 
 def default_np(np: int | None, spec: HostSpec, env: Mapping[str, str] | None = None) -> int:
-    """-np when given; in a Slurm allocation SLURM_NTASKS; otherwise every slot."""
+    """-np when given; in a Slurm allocation its task count; otherwise every slot."""
     env = os.environ if env is None else env
     if np is not None:
         return np

@@ -29,10 +29,10 @@ from hvdkit.cli.args import (
     resolve_hosts,
     target_from_args,
 )
-from hvdkit.core import slurm
-from hvdkit.core.errors import UserError
-from hvdkit.core.launch import BuildFlags, LaunchTarget
-from hvdkit.core.units import parse_byte_range
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import parse_byte_range
+from hvdkit.ops import slurm
+from hvdkit.ops.launch import BuildFlags, LaunchTarget
 
 
 def _names(text: str) -> tuple[str, ...]:

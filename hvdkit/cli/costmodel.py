@@ -3,10 +3,10 @@
     hvdkit plan --params 25.6M --compute-ms 250 --bandwidth 12.5 --latency 10 --gpus 16,512
     hvdkit plan --calibrate bench-results --model resnet50     # B and latency (and compute) from hvdkit bench
 
-The cost model (see hvdkit.core.costmodel): ring 2(N-1)/N*K/B + 2(N-1)*latency
+The cost model (see hvdkit.ops.costmodel): ring 2(N-1)/N*K/B + 2(N-1)*latency
 against a parameter server's 2N*K/B (on a host of its own), plus compute with optional overlap.
 The command keeps the name users know; it plans capacity, not a launch (that
-is ``hvdkit launch``'s :func:`hvdkit.core.launch.plan_launch`).
+is ``hvdkit launch``'s :func:`hvdkit.ops.launch.plan_launch`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
 from hvdkit.bench.report import plot_cost_model
-from hvdkit.core.argtypes import non_negative_float, positive_float
-from hvdkit.core.console import text_table
-from hvdkit.core.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
-from hvdkit.core.errors import UserError
-from hvdkit.core.units import format_bytes, parse_count
+from hvdkit.common.argtypes import non_negative_float, positive_float
+from hvdkit.common.console import text_table
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import format_bytes, parse_count
+from hvdkit.ops.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 
 
 @dataclass(frozen=True)

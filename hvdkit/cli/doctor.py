@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from hvdkit.cli.args import add_host_arguments, add_np_argument, add_ssh_arguments, resolve_hosts, target_from_args
-from hvdkit.core.doctor import DoctorConfig, render, run_doctor
+from hvdkit.ops.doctor import DoctorConfig, render, run_doctor
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from hvdkit.core.envreport import collect, render_text
+from hvdkit.ops.envreport import collect, render_text
 
 
 @dataclass(frozen=True)

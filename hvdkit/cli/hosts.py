@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass
 
 from hvdkit.cli.args import add_host_arguments, add_np_argument, resolve_hosts
-from hvdkit.core.hosts import HostSpec, rank_layout, to_hostfile, to_hosts_string
+from hvdkit.common.launcher import SLURM
+from hvdkit.ops.hosts import HostSpec, rank_layout, to_hostfile, to_hosts_string
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser("hosts", help="validate/convert -H strings and hostfiles, show the rank layout",
                             description="Validate and convert host lists; print where each rank runs.")
     add_host_arguments(parser)
-    add_np_argument(parser, help="processes (default: all slots; in Slurm, $SLURM_NTASKS)")
+    add_np_argument(parser, help=f"processes (default: all slots; in Slurm, ${SLURM.NTASKS})")
     parser.add_argument("--to", choices=["table", "hosts", "hostfile", "discovery"], default="table",
                         help="output: rank table (default), a -H string, a bare hostfile, or the host:slots "
                              "lines of an elastic job's --host-discovery-script")

@@ -28,10 +28,12 @@ from hvdkit.cli.args import (
     resolve_hosts,
     target_from_args,
 )
-from hvdkit.core.argtypes import positive_int
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import RankPlacement
-from hvdkit.core.launch import (
+from hvdkit.common.argtypes import positive_int
+from hvdkit.common.errors import UserError
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE, SLURM, horovodrun_worker_slot
+from hvdkit.common.tuning import check_horovod_environment
+from hvdkit.ops.hosts import RankPlacement
+from hvdkit.ops.launch import (
     BuildFlags,
     LaunchConfig,
     check_command,
@@ -44,11 +46,8 @@ from hvdkit.core.launch import (
     plan_launch,
     removed_worker,
     worker_exit,
-    worker_slot,
 )
-from hvdkit.core.preemption import REQUEUE_EXIT_CODE
-from hvdkit.core.remote import discover_hosts, quick_check
-from hvdkit.core.tuning import check_horovod_environment
+from hvdkit.ops.remote import discover_hosts, quick_check
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                         "CPU hosts), check the hosts answer over ssh with this hvdkit version, "
                                         "print the command, run it.")
     add_np_argument(parser, type=positive_int, help="number of processes (elastic: to start with; default: every "
-                                                    "slot of -H/--hostfile, or $SLURM_NTASKS in an allocation)")
+                                                    f"slot of -H/--hostfile, or ${SLURM.NTASKS} in an allocation)")
     add_host_arguments(parser, discovery=True)
     elastic = parser.add_argument_group(
         "elastic", "--host-discovery-script or any of these makes the job elastic (on Gloo)")
@@ -236,7 +235,7 @@ def _watch_workers(proc: subprocess.Popen, slots: dict[int, tuple[str, int]], ev
         while proc.poll() is None:
             for child in parent.children(recursive=True):
                 try:
-                    slot = worker_slot(" ".join(child.cmdline()))
+                    slot = horovodrun_worker_slot(" ".join(child.cmdline()))
                 except psutil.Error:      # ended since it was listed
                     continue
                 if slot is not None:

@@ -18,7 +18,7 @@ from hvdkit.cli import env as env_cmd
 from hvdkit.cli import hosts as hosts_cmd
 from hvdkit.cli import launch as launch_cmd
 from hvdkit.cli import timeline as timeline_cmd
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 SUBCOMMANDS = (env_cmd, hosts_cmd, doctor_cmd, launch_cmd, timeline_cmd, bench_cmd, plan_cmd)
 

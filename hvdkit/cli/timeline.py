@@ -4,7 +4,7 @@
     hvdkit timeline timeline.json                   # a table per rank and tensor, and timeline.png
     hvdkit timeline timeline.json --json --plot none
 
-The reading is hvdkit.core.timeline's; a file of a job that was killed (left
+The reading is hvdkit.ops.timeline's; a file of a job that was killed (left
 unterminated) is read up to its last whole event.
 """
 
@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 
 from hvdkit.bench.report import plot_timeline
-from hvdkit.core.argtypes import positive_int
-from hvdkit.core.timeline import analyze, format_report, read_timeline
+from hvdkit.common.argtypes import positive_int
+from hvdkit.ops.timeline import analyze, format_report, read_timeline
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from importlib import import_module
 _WHERE = {
     "BackendError": "hvdkit.keras.backend", "resolve_backend": "hvdkit.keras.backend",
     "use_backend": "hvdkit.keras.backend",
-    "get_logger": "hvdkit.core.console", "progress": "hvdkit.core.console",
-    "REQUEUE_EXIT_CODE": "hvdkit.core.preemption", "PreemptionGuard": "hvdkit.core.preemption",
-    "metric_average": "hvdkit.core.metrics",
+    "get_logger": "hvdkit.common.console", "progress": "hvdkit.common.console",
+    "REQUEUE_EXIT_CODE": "hvdkit.runtime.preemption", "PreemptionGuard": "hvdkit.runtime.preemption",
+    "metric_average": "hvdkit.runtime.metrics",
     "callbacks": "hvdkit.keras.fit_callbacks",
     "CheckpointError": "hvdkit.keras.checkpoint", "check_checkpoint_path": "hvdkit.keras.checkpoint",
     "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",

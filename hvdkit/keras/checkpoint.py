@@ -26,7 +26,9 @@ import os
 import numpy as np
 
 import hvdkit
-from hvdkit.core.checkpoint_files import (
+from hvdkit.keras.context import backend, current
+from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
+from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
     read_on_root,
@@ -34,10 +36,8 @@ from hvdkit.core.checkpoint_files import (
     unreadable,
     verify_loaded,
 )
-from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.core.lr import job_lr_scale, resume_lr_factor, script_scales_lr
-from hvdkit.keras.context import backend, current
-from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
+from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
+from hvdkit.runtime.lr import job_lr_scale, resume_lr_factor, script_scales_lr
 
 FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
 READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")

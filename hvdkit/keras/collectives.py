@@ -3,7 +3,7 @@
 Keras 3 on TensorFlow and tf-keras use :mod:`hvdkit.backends.tensorflow`;
 Keras 3 on PyTorch uses :mod:`hvdkit.backends.torch`, the same backend as
 :mod:`hvdkit.torch`. Everything else (topology, objects, float reductions)
-is the backend's (:class:`hvdkit.core.backend.Backend`).
+is the backend's (:class:`hvdkit.runtime.backend.Backend`).
 
 Example::
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hvdkit.core.backend import Backend
-from hvdkit.core.state import broadcast_state
+from hvdkit.runtime.backend import Backend
+from hvdkit.runtime.state import broadcast_state
 
 
 @lru_cache(maxsize=None)

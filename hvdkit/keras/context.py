@@ -9,10 +9,10 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.core import context
-from hvdkit.core.context import Context, refresh, seed_everything
 from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import backend_for
+from hvdkit.runtime import context
+from hvdkit.runtime.context import Context, refresh, seed_everything
 
 ADAPTER = "hvdkit.keras"
 
@@ -20,7 +20,7 @@ ADAPTER = "hvdkit.keras"
 def init(seed: int | None = None, threads: int | None = None) -> Context:
     """Initialise Horovod for the active Keras backend, pin this rank's own GPU (or share the CPU).
 
-    What it does is :func:`hvdkit.core.context.init`'s, as for
+    What it does is :func:`hvdkit.runtime.context.init`'s, as for
     :func:`hvdkit.torch.init`, through the backend that serves the Keras mode
     (``ctx.backend``: ``"tensorflow"``, ``"torch"`` or ``"tf_keras"``).
     ``ctx.device`` is a ``torch.device`` on the torch backend, a TensorFlow
@@ -49,7 +49,7 @@ def current() -> Context:
 
 
 def backend():
-    """The :class:`hvdkit.core.backend.Backend` serving this job's Keras mode."""
+    """The :class:`hvdkit.runtime.backend.Backend` serving this job's Keras mode."""
     return context.backend(ADAPTER)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import math
 
-from hvdkit.core.sharding import shard_together
 from hvdkit.keras.context import current
+from hvdkit.runtime.sharding import shard_together
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -95,8 +95,8 @@ def _batches_class(mode: str) -> type:
         return _BATCHES[mode]
     import numpy as np
 
-    from hvdkit.core.sharding import resume_indices, samples_done
     from hvdkit.keras.backend import keras_module
+    from hvdkit.runtime.sharding import resume_indices, samples_done
 
     utils = keras_module(mode).utils
     base = getattr(utils, "PyDataset", None) or utils.Sequence

@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from hvdkit.core.elastic import ElasticCommits, run
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import _numpy
 from hvdkit.keras.collectives import broadcast_variables
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import named_variables, set_learning_rate
+from hvdkit.runtime.elastic import ElasticCommits, run
 
 
 class ElasticState(ElasticCommits, ObjectState):
@@ -79,7 +79,7 @@ class ElasticState(ElasticCommits, ObjectState):
     def _set_learning_rates(self, rates: list[float]) -> None:
         set_learning_rate(self.optimizer, rates[0])
 
-    # -- what step_done/epoch_done record (hvdkit.core.elastic) -------------------
+    # -- what step_done/epoch_done record (hvdkit.runtime.elastic) -------------------
     def _consume(self, samples: int) -> None:
         self.consumed += samples * current().size
 

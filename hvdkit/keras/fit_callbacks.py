@@ -21,11 +21,6 @@ import logging
 
 import numpy as np
 
-from hvdkit.core.checkpoint_files import is_directory_target
-from hvdkit.core.datacheck import rows_fingerprint, same_everywhere
-from hvdkit.core.lr import warmup_lr
-from hvdkit.core.lr import warmup_steps as count_warmup_steps
-from hvdkit.core.preemption import PreemptionGuard
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
@@ -33,6 +28,11 @@ from hvdkit.keras.context import current
 from hvdkit.keras.nonfinite import nonfinite_loss_callback
 from hvdkit.keras.optimizer import broadcast_state, check_distributed, get_learning_rate, set_learning_rate
 from hvdkit.keras.stragglers import straggler_report
+from hvdkit.runtime.checkpoint_files import is_directory_target
+from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
+from hvdkit.runtime.lr import warmup_lr
+from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
+from hvdkit.runtime.preemption import PreemptionGuard
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -52,7 +52,7 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     rank gets SIGTERM or SIGUSR1, every rank stops at the next batch end, rank 0
     writes a checkpoint there (``epoch`` and ``batch`` in its extra; in a
     directory as ``ckpt-<global step>.npz``) and the processes exit with
-    ``hvdkit.core.preemption.REQUEUE_EXIT_CODE``. That the path is writable is
+    ``hvdkit.runtime.preemption.REQUEUE_EXIT_CODE``. That the path is writable is
     checked when ``fit`` starts, not when the signal comes.
 
     ``check_finite``: after each batch the ranks compare their losses (one
@@ -155,7 +155,7 @@ def check_data_differs(backend, model, root_rank: int = 0) -> bool:
 
     Every rank sends an order-independent fingerprint of the numpy arrays it
     passed to ``fit`` (x and y, a multiset hash of their rows:
-    :func:`hvdkit.core.datacheck.rows_fingerprint`), so unsharded data is
+    :func:`hvdkit.runtime.datacheck.rows_fingerprint`), so unsharded data is
     found whether or not the script or fit shuffled it; ranks that shard by
     any means (hk.shard_arrays, slicing by rank, tf.data's own ``shard``)
     differ and are not warned. Data other than numpy arrays (tf.data,
@@ -343,7 +343,7 @@ def _preemption_checkpoint(keras) -> type:
                     step = self.epoch * steps + batch + 1 if steps else self.batches_done
                 if is_directory_target(self.path):     # named by the step, so a later preemption sorts newer
                     where["step"] = step
-                # Every rank waits for rank 0's write and its outcome before any exits (core/preemption.py).
+                # Every rank waits for rank 0's write and its outcome before any exits (runtime/preemption.py).
                 self.guard.save_and_exit(save_checkpoint, self.path, self.model, self.model.optimizer,
                                          epoch=self.epoch, batch=batch + 1, **where)
 

@@ -1,9 +1,9 @@
-"""The Keras side of :mod:`hvdkit.core.nonfinite`: every rank stops at the batch where a rank's loss went NaN.
+"""The Keras side of :mod:`hvdkit.runtime.nonfinite`: every rank stops at the batch where a rank's loss went NaN.
 
 ``fit`` gives callbacks no gradients, so after each batch the ranks add up a
 one-hot vector of "my loss is not finite" (one allreduce of ``size`` floats):
 all of them learn which ranks it was at once, and all raise
-:class:`hvdkit.core.nonfinite.NonFiniteGradientError` together, naming them.
+:class:`hvdkit.runtime.nonfinite.NonFiniteGradientError` together, naming them.
 Keras's own ``TerminateOnNaN`` stops only the rank that sees the NaN, leaving
 the others waiting in the next allreduce. Part of :func:`hvdkit.keras.callbacks`
 (``check_finite=True``, the default; its cost is in docs/RELIABILITY.md).
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from hvdkit.core.nonfinite import NonFiniteGradientError, nonfinite_loss_message
 from hvdkit.keras.context import current
+from hvdkit.runtime.nonfinite import NonFiniteGradientError, nonfinite_loss_message
 
 
 def nonfinite_loss_callback(keras, backend) -> type:

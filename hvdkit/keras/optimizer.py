@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 
-from hvdkit.core.errors import UserError
-from hvdkit.core.lr import reduce_options, scale_lr_for
-from hvdkit.core.state import check_weights_agree, weights_check_applies, weights_digest
+from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.stragglers import AllreduceTimer
+from hvdkit.runtime.lr import reduce_options, scale_lr_for
+from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
 
 
 class NotDistributedError(UserError, ValueError):
@@ -244,7 +244,7 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
     The optimizer is built first if needed (its slots start at zero; no step
     is taken), so its variables exist on every rank before the broadcast.
     Every variable goes by name (:func:`named_variables`) through
-    :func:`hvdkit.core.state.broadcast_state`, which first checks that all
+    :func:`hvdkit.runtime.state.broadcast_state`, which first checks that all
     ranks hold the same names and shapes.
     """
     current()
@@ -255,7 +255,7 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:
-    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; see :func:`hvdkit.core.lr.scale_lr`)."""
+    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; :func:`hvdkit.runtime.lr.scale_lr`)."""
     return scale_lr_for(base_lr, current(), op)
 
 

@@ -5,7 +5,7 @@ takes (where a fast rank waits for the slow one): in Python on the torch backend
 with ``tf.timestamp`` inside the traced step on TensorFlow. The ``StragglerReport``
 callback that ``hk.callbacks()`` adds times the epoch from the first batch's
 end to the last batch's end; at the epoch's end, one small allgather
-(:func:`hvdkit.core.stragglers.report_epoch`) lets rank 0 name a rank whose
+(:func:`hvdkit.runtime.stragglers.report_epoch`) lets rank 0 name a rank whose
 own step (wall time less that wait) is twice the others' median. tf-keras uses
 Horovod's own optimizer, which has no such timer: there the callback does nothing.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-from hvdkit.core.stragglers import report_epoch
 from hvdkit.keras.context import current
+from hvdkit.runtime.stragglers import report_epoch
 
 
 class AllreduceTimer:

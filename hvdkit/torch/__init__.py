@@ -14,9 +14,9 @@ The same names as :mod:`hvdkit.keras` where both have the thing; docs/API.md lis
 """
 
 from hvdkit.backends.torch import hvd
-from hvdkit.core.console import get_logger, progress
-from hvdkit.core.metrics import metric_average
-from hvdkit.core.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from hvdkit.common.console import get_logger, progress
+from hvdkit.runtime.metrics import metric_average
+from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
 from hvdkit.torch import elastic
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything

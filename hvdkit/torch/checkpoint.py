@@ -26,8 +26,8 @@ import os
 import torch
 
 import hvdkit
-from hvdkit.core import context
-from hvdkit.core.checkpoint_files import (
+from hvdkit.runtime import context
+from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
     read_on_root,
@@ -35,8 +35,8 @@ from hvdkit.core.checkpoint_files import (
     unreadable,
     verify_loaded,
 )
-from hvdkit.core.integrity import DIGEST_KEY, content_digest
-from hvdkit.core.lr import job_lr_scale, resume_lr_factor, script_scales_lr
+from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
+from hvdkit.runtime.lr import job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import plain_module, to_cpu
 
@@ -47,7 +47,7 @@ LEGACY_FORMAT = "hvdkit.torch/1"
 
 
 def tensor_bytes(obj):
-    """(dtype and shape, raw bytes) of a dense tensor, for :func:`hvdkit.core.integrity.content_digest`."""
+    """(dtype and shape, raw bytes) of a dense tensor, for :func:`hvdkit.runtime.integrity.content_digest`."""
     if not isinstance(obj, torch.Tensor):
         return None
     t = obj.detach().cpu()
@@ -164,7 +164,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
 
     A checkpoint written by a job of another size resumes with the learning
     rates ``scale_lr`` gives for this size, in the optimizer's param groups
-    and the scheduler's base rates (:func:`hvdkit.core.lr.resume_lr_factor`);
+    and the scheduler's base rates (:func:`hvdkit.runtime.lr.resume_lr_factor`);
     ``on_resize="error"`` refuses it instead. Continue the data with the
     sampler's ``set_epoch(epoch, start_sample=...)`` from the position saved.
     ``missing_ok=True`` returns None on every rank when there is nothing to

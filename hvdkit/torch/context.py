@@ -10,8 +10,8 @@ Example::
 from __future__ import annotations
 
 from hvdkit.backends.torch import TorchBackend
-from hvdkit.core import context
-from hvdkit.core.context import Context, refresh, seed_everything
+from hvdkit.runtime import context
+from hvdkit.runtime.context import Context, refresh, seed_everything
 
 ADAPTER = "hvdkit.torch"
 
@@ -20,7 +20,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     """Initialise Horovod, pin this rank's own GPU (or use the CPU), set threads and seeds.
 
     ``ctx.device`` is a ``torch.device``. What it does, in order, is
-    :func:`hvdkit.core.context.init`'s: the GPU is the local rank's unless the
+    :func:`hvdkit.runtime.context.init`'s: the GPU is the local rank's unless the
     launcher gave each rank its own, after the ranks compared UUIDs;
     ``threads`` defaults to the host's cores shared among its ranks;
     ``seed`` seeds Python, numpy and torch with ``seed`` on every rank, so a

@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdkit.backends.torch import hvd
-from hvdkit.core import context
-from hvdkit.core.datacheck import same_everywhere
-from hvdkit.core.integrity import content_digest
-from hvdkit.core.sharding import resume_indices, samples_done, shard_slice, shard_together, take_shard
+from hvdkit.runtime import context
+from hvdkit.runtime.datacheck import same_everywhere
+from hvdkit.runtime.integrity import content_digest
+from hvdkit.runtime.sharding import resume_indices, samples_done, shard_slice, shard_together, take_shard
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
@@ -43,7 +43,7 @@ class ResumableDistributedSampler(DistributedSampler):
     ``set_epoch``: store that count in the checkpoint, with the epoch. On
     resume, ``set_epoch(epoch, start_sample=count)`` continues the same
     epoch order from there on however many ranks the job now has, so no
-    sample is skipped or seen twice (:func:`hvdkit.core.sharding.resume_indices`).
+    sample is skipped or seen twice (:func:`hvdkit.runtime.sharding.resume_indices`).
     A rank's batch index alone is not enough: 14 batches of 10 on 2 ranks
     are 280 samples, on 3 ranks 420. ``set_epoch(epoch, start_batch=k)``
     still means k batches at the current size.

@@ -23,7 +23,7 @@ position (samples consumed this epoch). After a reset every worker goes back
 to the last commit, rank 0's state is broadcast (new workers get it too), the
 data is re-sharded over the new world size from the first unconsumed sample,
 and the learning rate is rescaled to ``base_lr x size``. ``run``, the commits
-and the rescaling are the core's (:mod:`hvdkit.core.elastic`), as in Keras.
+and the rescaling are the core's (:mod:`hvdkit.runtime.elastic`), as in Keras.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hvdkit.backends.torch import hvd
-from hvdkit.core.elastic import ElasticCommits, run
+from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.context import current
 
 
@@ -53,7 +53,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
 
     ``base_lr`` is the single-process learning rate (one value for every
     param group, or a list); on every reset each group's lr becomes
-    ``base_lr x size`` (see :func:`hvdkit.core.lr.scale_lr`). ``commit_every``
+    ``base_lr x size`` (see :func:`hvdkit.runtime.lr.scale_lr`). ``commit_every``
     is how many steps pass between commits (a commit copies model and
     optimizer state to host memory). ``sampler`` is the loader's
     ElasticSampler: where the epoch stands lives there (in Keras, in the

@@ -1,4 +1,4 @@
-"""The torch side of :mod:`hvdkit.core.nonfinite`: a NaN or inf gradient stops the step and names its rank.
+"""The torch side of :mod:`hvdkit.runtime.nonfinite`: a NaN or inf gradient stops the step and names its rank.
 
 Installed by :func:`hvdkit.torch.DistributedOptimizer` unless
 ``check_finite=False``. Each gradient's own contribution is summed (one
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from hvdkit.core import context
-from hvdkit.core.nonfinite import NonFiniteGradientError, nonfinite_message
+from hvdkit.runtime import context
+from hvdkit.runtime.nonfinite import NonFiniteGradientError, nonfinite_message
 from hvdkit.torch.context import ADAPTER, current
 
 

@@ -16,9 +16,9 @@ import time
 import torch
 
 from hvdkit.backends.torch import hvd
-from hvdkit.core import context, state
-from hvdkit.core.lr import reduce_options, scale_lr_for
-from hvdkit.core.lr import warmup_steps as count_warmup_steps
+from hvdkit.runtime import context, state
+from hvdkit.runtime.lr import reduce_options, scale_lr_for
+from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.data import check_loader_sharded
 from hvdkit.torch.nonfinite import NonFiniteCheck
@@ -209,7 +209,7 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
     step 1 started apart (``hk.init(seed)`` seeds each rank differently) and
     would stay apart for the whole run: an error, not a warning, since no
     job wants that. One float64 digest per rank, gathered once
-    (:func:`hvdkit.core.state.check_weights_agree`).
+    (:func:`hvdkit.runtime.state.check_weights_agree`).
     """
     if not state.weights_check_applies(current().size):
         return
@@ -235,7 +235,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     """Step 4: copy rank 0's parameters, buffers and optimizer state to every rank.
 
     The model's ``state_dict`` tensors go by name through
-    :func:`hvdkit.core.state.broadcast_state`, which first checks that every
+    :func:`hvdkit.runtime.state.broadcast_state`, which first checks that every
     rank holds the same names and shapes. Buffers matter (BatchNorm running
     statistics are not parameters). The optimizer state goes as one object:
     Horovod's own broadcast_optimizer_state initialises an empty state by
@@ -256,7 +256,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:
-    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; see :func:`hvdkit.core.lr.scale_lr`)."""
+    """Step 5: the single-worker ``base_lr`` scaled for this job (times size; :func:`hvdkit.runtime.lr.scale_lr`)."""
     return scale_lr_for(base_lr, current(), op)
 
 

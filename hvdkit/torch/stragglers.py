@@ -1,6 +1,6 @@
 """The per-epoch straggler line for hvdkit.torch: the optimizer times each step, ``evaluate`` reports.
 
-``hk.DistributedOptimizer`` feeds one process-wide :class:`~hvdkit.core.stragglers.StepClock`
+``hk.DistributedOptimizer`` feeds one process-wide :class:`~hvdkit.runtime.stragglers.StepClock`
 (the wait is the time inside Horovod's synchronize, where a fast rank waits for
 the slow one); ``hk.evaluate``, which a training loop already calls on every rank
 once an epoch and which is a collective anyway, ends with :func:`report_stragglers`.
@@ -14,8 +14,8 @@ A loop that does not evaluate every epoch calls it itself::
 
 from __future__ import annotations
 
-from hvdkit.core import context
-from hvdkit.core.stragglers import StepClock, Straggler, report_epoch
+from hvdkit.runtime import context
+from hvdkit.runtime.stragglers import StepClock, Straggler, report_epoch
 from hvdkit.torch.context import ADAPTER, current
 
 CLOCK = StepClock()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hvdkit.torch.optim as optim
-from hvdkit.core.lr import warmup_lr
+from hvdkit.runtime.lr import warmup_lr
 
 pytestmark = pytest.mark.adapters
 

@@ -160,7 +160,7 @@ def _launch_args(command: list[str]) -> dict:
     ("cpu", "cpu-launcher", ["cpu-worker1", "cpu-worker2"], "hostfiles/compose-cpu", "--gloo"),
 ])
 def test_compose_services_hostfile_and_launcher_agree(profile, launcher, workers, hostfile, controller):
-    from hvdkit.core.hosts import parse_hostfile
+    from hvdkit.ops.hosts import parse_hostfile
 
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]

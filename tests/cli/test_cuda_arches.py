@@ -1,4 +1,4 @@
-"""hvdkit.core.cuda_arches against nvcc's own output: the GPU generations a library was compiled for.
+"""hvdkit.ops.cuda_arches against nvcc's own output: the GPU generations a library was compiled for.
 
 nvcc (CUDA 13, on this machine kind's PATH) compiles a one-kernel library for
 known -gencode lists; no GPU is needed to compile. The reader must return
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from hvdkit.core.cuda_arches import CudaArches, fatbin_arches
+from hvdkit.ops.cuda_arches import CudaArches, fatbin_arches
 from tests.conftest import BIN
 
 pytestmark = pytest.mark.cli

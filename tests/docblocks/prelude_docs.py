@@ -5,7 +5,7 @@ import torch.nn.functional as F  # noqa: F401 (the docs use these names)
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 
 ctx = hk.init(seed=0)
 data = load_dataset("digits")

@@ -2,7 +2,7 @@
 import keras
 from keras.callbacks import ModelCheckpoint  # noqa: F401 (the diff uses it)
 
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 
 data = load_dataset("digits")
 x_train, y_train = data.x_train.reshape(-1, 784), data.y_train

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401 (the docs use these names)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: F401 (the diff uses these names)
 
-from hvdkit.core.datasets import load_dataset
+from hvdkit.examples.datasets import load_dataset
 
 data = load_dataset("digits")
 train_set = TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))

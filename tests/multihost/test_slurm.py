@@ -176,7 +176,7 @@ def write_digits_as_mnist(data_dir):
 
     import numpy as np
 
-    from hvdkit.core.datasets import MNIST_FILES, load_dataset
+    from hvdkit.examples.datasets import MNIST_FILES, load_dataset
 
     data = load_dataset("digits")
     data_dir.mkdir()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from hvdkit.core.integrity import DIGEST_KEY, check_digest
+from hvdkit.runtime.integrity import DIGEST_KEY, check_digest
 from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, kill_mid_save, run_job
 
 pytestmark = pytest.mark.multiproc
@@ -58,7 +58,7 @@ def test_mixed_float16_trains_identically_on_all_ranks(launch, mode):
 def test_warmup_on_data_of_unknown_length(launch):
     """fit on an unsized tf.data dataset knows no steps per epoch: warmup_epochs stops with the fix, and
     warmup_steps counts the batches across epochs (both used to count an epoch as one step)."""
-    from hvdkit.core.lr import warmup_lr
+    from hvdkit.runtime.lr import warmup_lr
 
     r0, r1 = launch(2, "keras_extras.py", "--mode", "tensorflow", "--task", "warmup_unsized")
     assert r0["size"] == 2
@@ -70,7 +70,7 @@ def test_warmup_on_data_of_unknown_length(launch):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_warmup_schedule_and_metric_averaging(launch, mode):
-    from hvdkit.core.lr import warmup_lr
+    from hvdkit.runtime.lr import warmup_lr
 
     r0, r1 = launch(2, "keras_extras.py", "--mode", mode, "--task", "warmup_metrics")
     steps, target = r0["steps"], r0["target_lr"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.core.preemption import REQUEUE_EXIT_CODE
+from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
 from tests.conftest import ROOT, WORKERS, horovodrun_cmd, hvdkit_cmd, read_rank_results, run_job, signal_job
 
 pytestmark = pytest.mark.multiproc

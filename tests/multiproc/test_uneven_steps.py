@@ -17,7 +17,7 @@ CHECK_S = 2          # HOROVOD_STALL_CHECK_TIME_SECONDS for these jobs (Horovod'
 def test_keras_shard_arrays_gives_every_rank_the_same_batches(tmp_path):
     """Before: 1025 rows on 2 ranks at batch 32 was 17 batches on rank 0 and 16 on rank 1, and fit hung; so did
     257 rows at batch 128. (The example below, on 3 ranks, deals with hk.distributed_batches since issue 34,
-    which pads the same way, through hvdkit.core.sharding.)"""
+    which pads the same way, through hvdkit.runtime.sharding.)"""
     pairs = [(1025, 32), (257, 128)]
     proc = run_job(horovodrun_cmd(2, [WORKER, "--out", str(tmp_path), "--case", "keras-shard",
                                       "--rows", *(str(r) for r, _ in pairs), "--batch", *(str(b) for _, b in pairs)]),

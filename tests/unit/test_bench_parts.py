@@ -12,11 +12,11 @@ from hvdkit.bench.catalog import CATALOG, implementation, implementations
 from hvdkit.bench.report import allreduce_rows, allreduce_table, bus_factor
 from hvdkit.bench.results import collect, emit
 from hvdkit.bench.runner import TrainBench, available, plan_horovodrun, plan_train
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import parse_hosts_string
-from hvdkit.core.launch import BuildFlags, LaunchTarget
-from hvdkit.core.units import format_bytes
-from hvdkit.core.units import parse_byte_range as parse_sizes
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import format_bytes
+from hvdkit.common.units import parse_byte_range as parse_sizes
+from hvdkit.ops.hosts import parse_hosts_string
+from hvdkit.ops.launch import BuildFlags, LaunchTarget
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -132,7 +132,7 @@ import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 from hvdkit.bench.report import write_json
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 try:
     write_json({str(previous)!r}, {{"rows": ["x" * 100] * 1000}})
 except UserError as exc:

@@ -7,17 +7,17 @@ import os
 
 import pytest
 
-from hvdkit.core.checkpoint_files import (
+from hvdkit.runtime.checkpoint_files import (
     LEGACY_CHECKSUM_SUFFIX,
     CheckpointDir,
     CheckpointError,
-    atomic_write,
     check_writable,
     damaged,
     file_sha256,
     read_from,
     save_to,
     verify_legacy_checksum,
+    write_checkpoint_file,
 )
 
 pytestmark = pytest.mark.unit
@@ -118,7 +118,7 @@ def test_a_failing_write_is_one_line_with_the_fix_and_keeps_the_previous_file(tm
 
     with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*No space left on device \(errno 28\): "
                                               r"free space there or save elsewhere; the previous checkpoint"):
-        atomic_write(path, disk_full)
+        write_checkpoint_file(path, disk_full)
     assert path.read_text() == "state 1" and os.listdir(tmp_path) == ["model.txt"]
 
 
@@ -197,11 +197,11 @@ def test_torchs_disk_full_error_becomes_a_checkpoint_error_naming_the_space(tmp_
     with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*model.txt': the disk filled up after 4 "
                                               r"KiB \(4 KiB free now; this checkpoint needs about 1 MiB\): free "
                                               r"space there or save elsewhere; the previous checkpoint is untouched"):
-        atomic_write(path, full_disk, need_bytes=2**20)
+        write_checkpoint_file(path, full_disk, 2**20)
     assert path.read_text() == "state 1" and os.listdir(tmp_path) == ["model.txt"]
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="enforce fail"):     # with room to spare it is not a full disk
-        atomic_write(path, full_disk)
+        write_checkpoint_file(path, full_disk)
 
 
 def test_check_writable_budgets_keep_last_checkpoints_and_the_one_being_written(tmp_path):
@@ -227,11 +227,28 @@ def test_a_second_writer_into_the_same_place_is_named(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError, match=r"another process is writing checkpoint .*model.txt' right now "
                                                   r"\(.model.txt.ab12cd34.tmp\): two jobs"):
-            atomic_write(tmp_path / "model.txt", writer("state 1"))
+            write_checkpoint_file(tmp_path / "model.txt", writer("state 1"))
         assert live.exists(), "a live writer's temporary file is left alone"
-        atomic_write(tmp_path / "other.txt", writer("state 1"))   # another file in the same directory is fine
+        write_checkpoint_file(tmp_path / "other.txt", writer("state 1"))   # another file in the same directory is fine
     finally:
         holder.kill()
         holder.wait()
-    atomic_write(tmp_path / "model.txt", writer("state 2"))      # the lock went with its process: a leftover now
+    write_checkpoint_file(tmp_path / "model.txt", writer("state 2"))   # the lock went with its process: a leftover
     assert (tmp_path / "model.txt").read_text() == "state 2" and not live.exists()
+
+
+def test_a_failed_results_write_is_a_write_error_not_a_checkpoint_error(tmp_path):
+    """Issue 38: bench results were written by the checkpoint module, so a failed write said "checkpoint"."""
+    from hvdkit.common.files import WriteError, atomic_write
+
+    (tmp_path / "results.json").write_text("old")
+
+    def fails(f):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with pytest.raises(WriteError) as err:
+        atomic_write(tmp_path / "results.json", fails, what="bench result")
+    assert not isinstance(err.value, CheckpointError)
+    assert str(err.value).startswith("cannot write bench result ") and "the previous bench result is untouched" \
+        in str(err.value)
+    assert (tmp_path / "results.json").read_text() == "old" and os.listdir(tmp_path) == ["results.json"]

@@ -6,9 +6,9 @@ from hvdkit.cli.bench import AllreduceConfig, TrainConfig
 from hvdkit.cli.hosts import HostsConfig
 from hvdkit.cli.launch import LaunchCommandConfig
 from hvdkit.cli.main import SUBCOMMANDS, build_parser
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import parse_hosts_string
-from hvdkit.core.launch import BuildFlags, plan_launch
+from hvdkit.common.errors import UserError
+from hvdkit.ops.hosts import parse_hosts_string
+from hvdkit.ops.launch import BuildFlags, plan_launch
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -110,7 +110,7 @@ def _where(argv: list[str]):
     """(hosts string, np) each command resolves for the same host arguments."""
     import socket  # noqa: F401
 
-    from hvdkit.core.hosts import to_hosts_string
+    from hvdkit.ops.hosts import to_hosts_string
 
     launch = config("launch", *argv, "--", "python", EXAMPLE).launch
     doctor = config("doctor", *argv).doctor.target

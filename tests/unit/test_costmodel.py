@@ -2,9 +2,9 @@
 
 import pytest
 
-from hvdkit.core.costmodel import Network, Workload, fit_network, parameter_server_s, predict, ring_allreduce_s
-from hvdkit.core.errors import UserError
-from hvdkit.core.units import parse_count
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import parse_count
+from hvdkit.ops.costmodel import Network, Workload, fit_network, parameter_server_s, predict, ring_allreduce_s
 
 pytestmark = pytest.mark.unit
 NET = Network(bandwidth=10e9, latency=5e-6)

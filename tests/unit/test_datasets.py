@@ -4,7 +4,7 @@ import struct
 import numpy as np
 import pytest
 
-from hvdkit.core.datasets import DatasetError, load_dataset, read_idx
+from hvdkit.examples.datasets import DatasetError, load_dataset, read_idx
 
 pytestmark = pytest.mark.unit
 

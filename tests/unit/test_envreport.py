@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from hvdkit.core import envreport
-from hvdkit.core.horovod_probe import _nccl_version_string
+from hvdkit.ops import envreport
+from hvdkit.ops.horovod_probe import _nccl_version_string
 
 pytestmark = pytest.mark.unit
 
@@ -60,8 +60,8 @@ def test_render_text_lists_the_gpu_generations_the_library_was_built_for():
 
 def test_horovod_settings_are_shown_and_a_misread_one_is_marked_with_launchs_words():
     """Issue 35: HOROVOD_FUSION_THRESHOLD=lots was missing from `hvdkit env` while `hvdkit launch` refused it."""
-    from hvdkit.core.errors import UserError
-    from hvdkit.core.tuning import check_horovod_environment
+    from hvdkit.common.errors import UserError
+    from hvdkit.common.tuning import check_horovod_environment
 
     environ = {"HOROVOD_FUSION_THRESHOLD": "lots", "HOROVOD_CYCLE_TIME": "0.1", "PATH": "/bin"}
     settings, errors = envreport.horovod_settings(environ)

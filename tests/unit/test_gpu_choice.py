@@ -1,4 +1,4 @@
-"""Which GPU each rank pins, and when it must stop: hvdkit.core.topology's rule and hvdkit.core.cuda_driver's checks.
+"""Which GPU each rank pins, and when it must stop: runtime.topology's rule and runtime.cuda_driver's checks.
 
 The rule sees what the ranks exchange (GPUView: host, local rank, visible
 UUIDs); the driver check sees a fake /dev and /proc in tmp_path.
@@ -8,8 +8,8 @@ import ctypes
 
 import pytest
 
-from hvdkit.core import cuda_driver
-from hvdkit.core.topology import GPUView, NoGPUError, check_gpu_choice, hides_all_gpus, pin_gpu
+from hvdkit.runtime import cuda_driver
+from hvdkit.runtime.topology import GPUView, NoGPUError, check_gpu_choice, hides_all_gpus, pin_gpu
 
 pytestmark = pytest.mark.unit
 
@@ -328,8 +328,8 @@ def test_gpus_asked_for_but_not_injected_stop_instead_of_training_on_the_cpu(gpu
 
 @pytest.mark.parametrize("value, cpu", [("cpu", True), (" CPU ", True), ("auto", False), ("", False)])
 def test_hvdkit_device_chooses_the_cpu_or_names_the_choices(value, cpu):
-    from hvdkit.core.context import chooses_cpu
-    from hvdkit.core.errors import UserError
+    from hvdkit.common.errors import UserError
+    from hvdkit.runtime.context import chooses_cpu
 
     assert chooses_cpu({"HVDKIT_DEVICE": value}) is cpu and chooses_cpu({}) is False
     with pytest.raises(UserError, match=r"^HVDKIT_DEVICE='gpu0' is not a device choice: set it to cpu"):

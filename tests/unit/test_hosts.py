@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.core.hosts import (
+from hvdkit.ops.hosts import (
     HostSpecError,
     check_np,
     parse_discovery_output,
@@ -104,7 +104,7 @@ def test_discovery_output_is_host_colon_slots_lines():
 
 
 def test_discovery_output_with_bare_names_takes_the_default_slots():
-    from hvdkit.core.hosts import parse_discovery_output
+    from hvdkit.ops.hosts import parse_discovery_output
 
     spec = parse_discovery_output("job-worker-0.job.ns.svc\njob-worker-1.job.ns.svc:2\n", "d.sh", default_slots=8)
     assert [(h.name, h.slots) for h in spec.hosts] == [("job-worker-0.job.ns.svc", 8), ("job-worker-1.job.ns.svc", 2)]
@@ -131,7 +131,7 @@ def test_an_invisible_character_is_named_with_its_position():
 
 def test_doctors_allreduce_reads_every_ranks_line_even_when_mpirun_joins_two():
     # Seen in a full run: "exit 0" with both ranks fine, but mpirun's tags had put their lines on one line.
-    from hvdkit.core.doctor import selfcheck_results
+    from hvdkit.ops.doctor import selfcheck_results
 
     out = ("[1,0]<stdout>:hvdkit-selfcheck rank=0 size=2 host=vm framework=torch ok=True"
            "[1,1]<stdout>:hvdkit-selfcheck rank=1 size=2 host=vm framework=torch ok=True\n[1,0]<stdout>:\n")

@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from hvdkit.core.integrity import DIGEST_KEY, check_digest, content_digest
+from hvdkit.runtime.integrity import DIGEST_KEY, check_digest, content_digest
 
 pytestmark = pytest.mark.unit
 

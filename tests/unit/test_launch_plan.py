@@ -1,8 +1,8 @@
 import pytest
 
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpecError, parse_hosts_string
-from hvdkit.core.launch import BuildFlags, LaunchConfig, check_command, plan_launch
+from hvdkit.common.errors import UserError
+from hvdkit.ops.hosts import HostSpecError, parse_hosts_string
+from hvdkit.ops.launch import BuildFlags, LaunchConfig, check_command, plan_launch
 
 pytestmark = pytest.mark.unit
 BOTH = BuildFlags(mpi=True, gloo=True)
@@ -52,7 +52,7 @@ def test_the_choice_counts_the_machines_the_ranks_land_on(hosts, np, expected):
 
 def test_hosts_from_a_slurm_allocation_get_mpi_which_starts_ranks_inside_the_job():
     # horovodrun's Gloo reaches hostb over ssh, outside the job: Slurm gives those ranks no GPUs there.
-    from hvdkit.core.hosts import HostSpec
+    from hvdkit.ops.hosts import HostSpec
 
     allocation = HostSpec(parse_hosts_string("hosta:2,hostb:2").hosts, "slurm")
     plan = plan_launch(cfg(hosts=allocation), BOTH)
@@ -98,8 +98,8 @@ def test_command_checks():
     ("all fine", None),
 ])
 def test_failure_line_names_rank_host_and_cause(output, line):
-    from hvdkit.core.hosts import rank_layout
-    from hvdkit.core.launch import explain_failure
+    from hvdkit.ops.hosts import rank_layout
+    from hvdkit.ops.launch import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
 
@@ -160,7 +160,7 @@ CHAINED = """[1]<stderr>:Traceback (most recent call last):
 [0]<stderr>:The above exception was the direct cause of the following exception:
 [0]<stderr>:
 [0]<stderr>:Traceback (most recent call last):
-[0]<stderr>:hvdkit.core.checkpoint_files.CheckpointError: cannot write checkpoint 'ckpts/ckpt-00000001.pt'
+[0]<stderr>:hvdkit.runtime.checkpoint_files.CheckpointError: cannot write checkpoint 'ckpts/ckpt-00000001.pt'
 [1]<stderr>:horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. This was caused by ...
 Process name: 1
 Exit code: 1
@@ -169,7 +169,7 @@ Exit code: 1
 
 @pytest.mark.parametrize("output, line", [
     # horovodrun reaped rank 1 first, but rank 1 only failed because rank 0 did
-    (CHAINED, "rank 0 on a, local rank 0 failed first: hvdkit.core.checkpoint_files.CheckpointError: cannot write "
+    (CHAINED, "rank 0 on a, local rank 0 failed first: hvdkit.runtime.checkpoint_files.CheckpointError: cannot write "
               "checkpoint 'ckpts/ckpt-00000001.pt'"),
     ("[1,3]<stderr>:Traceback (most recent call last):\n[1,0]<stderr>:Traceback (most recent call last):\n"
      "[1,3]<stderr>:ValueError: bad batch\n[1,0]<stderr>:RuntimeError: Connection reset by peer\n"
@@ -202,8 +202,8 @@ Exit code: 1
                                                                       "exit status 75"),
 ])
 def test_the_rank_whose_own_error_came_first_is_named(output, line):
-    from hvdkit.core.hosts import rank_layout
-    from hvdkit.core.launch import explain_failure
+    from hvdkit.ops.hosts import rank_layout
+    from hvdkit.ops.launch import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
 
@@ -219,7 +219,8 @@ def test_timeline_is_recorded_without_the_response_cache(elastic):
 
 def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_with():
     """Issue 35: horovodrun says only "Process 1 exit with status code 137." when an elastic worker is lost."""
-    from hvdkit.core.launch import explain_worker_exit, removed_worker, worker_exit, worker_slot
+    from hvdkit.common.launcher import horovodrun_worker_slot as worker_slot
+    from hvdkit.ops.launch import explain_worker_exit, removed_worker, worker_exit
 
     local = ("/bin/sh -c env HOROVOD_HOSTNAME=127.0.0.1 HOROVOD_RANK=1 HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=0 "
              "HOROVOD_CROSS_RANK=0 PATH=/bin python train.py")
@@ -241,7 +242,7 @@ def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_w
 
 
 def test_the_timeline_directory_is_checked_where_rank_0_runs_here(tmp_path):
-    from hvdkit.core.launch import check_timeline
+    from hvdkit.ops.launch import check_timeline
 
     here, there = parse_hosts_string("localhost:2"), parse_hosts_string("hostb:2,localhost:2")
     check_timeline(str(tmp_path / "tl.json"), here)
@@ -273,6 +274,6 @@ Exit code: 75
         "Process name: [[1,1],1]\nExit code: 75\n", False),          # a kill is not a preemption
 ])
 def test_a_preempted_job_is_told_from_a_failed_one(rc, output, expected):
-    from hvdkit.core.launch import ended_by_preemption
+    from hvdkit.ops.launch import ended_by_preemption
 
     assert ended_by_preemption(rc, output) is expected

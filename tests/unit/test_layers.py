@@ -1,4 +1,4 @@
-"""Imports run one way, cli -> bench -> adapters -> backends -> core, and no module imports itself back through others.
+"""Imports run one way, cli -> bench -> adapters -> backends -> runtime | ops -> common, and never upward or across.
 
 Read from the source (every ``import``, lazy ones inside functions too), so
 the check needs neither Horovod nor a framework.
@@ -12,8 +12,10 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-# Lower layers never import higher ones; the two adapters never import each other.
-LAYER = {"core": 0, "backends": 1, "torch": 2, "keras": 2, "bench": 3, "cli": 4, "selfcheck": 4, "__main__": 4}
+# Lower layers never import higher ones. Packages on one layer never import each other: the two adapters,
+# and the rank's runtime and the launching machine's ops (what both need lives in common).
+LAYER = {"common": 0, "examples": 0, "runtime": 1, "ops": 1, "backends": 2, "torch": 3, "keras": 3, "bench": 4,
+         "cli": 5, "selfcheck": 6, "__main__": 6}   # the two programs
 
 
 def module_name(path) -> str:
@@ -49,7 +51,7 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             there = layer(target)
             if here is None or there is None:
                 continue          # the package root (hvdkit.__version__) imports nothing of ours
-            if LAYER[there] > LAYER[here] or (LAYER[there] == LAYER[here] == LAYER["torch"] and there != here):
+            if LAYER[there] > LAYER[here] or (LAYER[there] == LAYER[here] and there != here):
                 wrong.append(f"{module} -> {target}")
     return wrong
 
@@ -74,7 +76,7 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_goes_up_a_layer_or_across_adapters():
-    assert not violations(imports()), "against cli -> bench -> adapters -> core: " + ", ".join(violations(imports()))
+    assert not violations(imports()), "against the layers: " + ", ".join(violations(imports()))
 
 
 def test_the_import_graph_has_no_cycle():
@@ -85,11 +87,20 @@ def test_the_package_root_imports_nothing_of_ours():
     assert imports()["hvdkit"] == set()
 
 
+def test_no_package_mixes_what_runs_in_a_rank_with_what_runs_on_the_launching_machine():
+    packages = {layer(m) for m in imports() if layer(m)}
+    assert "core" not in packages            # the one flat folder is gone
+    assert {"common", "runtime", "ops", "examples"} <= packages
+    assert set(LAYER) >= packages, f"a new package needs its layer: {packages - set(LAYER)}"
+
+
 def test_the_checks_catch_what_they_look_for():
     graph = imports()
-    assert "hvdkit.core.remote" in graph["hvdkit.cli.launch"]      # lazy and from-imports are both read
-    assert violations({"hvdkit.core.doctor": {"hvdkit.torch.context"}, "hvdkit.keras.data": {"hvdkit.torch.data"},
-                       "hvdkit.bench.runner": {"hvdkit.core.launch"}}) == [
-        "hvdkit.core.doctor -> hvdkit.torch.context", "hvdkit.keras.data -> hvdkit.torch.data"]
+    assert "hvdkit.ops.remote" in graph["hvdkit.cli.launch"]      # lazy and from-imports are both read
+    assert violations({"hvdkit.ops.doctor": {"hvdkit.torch.context"}, "hvdkit.keras.data": {"hvdkit.torch.data"},
+                       "hvdkit.runtime.context": {"hvdkit.ops.slurm"}, "hvdkit.ops.launch": {"hvdkit.common.errors"},
+                       "hvdkit.bench.runner": {"hvdkit.ops.launch"}}) == [
+        "hvdkit.ops.doctor -> hvdkit.torch.context", "hvdkit.keras.data -> hvdkit.torch.data",
+        "hvdkit.runtime.context -> hvdkit.ops.slurm"]
     assert cycles({"hvdkit.cli.a": {"hvdkit.cli.b"}, "hvdkit.cli.b": {"hvdkit.cli.a"}}) == [
         "hvdkit.cli.a -> hvdkit.cli.b -> hvdkit.cli.a"]

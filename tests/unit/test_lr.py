@@ -1,6 +1,6 @@
 import pytest
 
-from hvdkit.core.lr import reduce_options, scale_lr, warmup_lr, warmup_steps
+from hvdkit.runtime.lr import reduce_options, scale_lr, warmup_lr, warmup_steps
 
 pytestmark = pytest.mark.unit
 
@@ -55,8 +55,8 @@ def test_warmup_length_in_steps_or_epochs():
 
 
 def test_a_checkpoint_of_another_size_resumes_at_scale_lrs_rate():
-    from hvdkit.core.checkpoint_files import CheckpointError
-    from hvdkit.core.lr import resume_lr_factor
+    from hvdkit.runtime.checkpoint_files import CheckpointError
+    from hvdkit.runtime.lr import resume_lr_factor
 
     assert resume_lr_factor(2.0, 2, 3.0, 3) == 1.5                 # 0.02 on 2 ranks -> 0.03 on 3
     assert resume_lr_factor(2.0, 2, 1.0, 1) == 0.5

@@ -3,8 +3,8 @@
 import pytest
 
 from hvdkit.bench.scaling import analyse, scaling_table
-from hvdkit.core.costmodel import Network, parameter_server_s, ring_allreduce_s
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
+from hvdkit.ops.costmodel import Network, parameter_server_s, ring_allreduce_s
 
 pytestmark = pytest.mark.unit
 NET = Network(bandwidth=60e6, latency=200e-6)          # ~480 Mbit/s, as on the shaped test links

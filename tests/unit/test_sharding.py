@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from hvdkit.core.errors import UserError
-from hvdkit.core.sharding import shard_indices, shard_together, take_shard
+from hvdkit.common.errors import UserError
+from hvdkit.runtime.sharding import shard_indices, shard_together, take_shard
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +61,7 @@ def test_arrays_are_sharded_together_and_must_have_the_same_length():
 
 @pytest.mark.parametrize("n, before, after, batch", [(400, 2, 3, 10), (400, 2, 1, 10), (401, 3, 2, 7), (10, 4, 3, 1)])
 def test_a_position_of_one_world_size_resumes_on_another_with_every_row_once(n, before, after, batch):
-    from hvdkit.core.sharding import resume_indices
+    from hvdkit.runtime.sharding import resume_indices
 
     order = [(i * 7919) % n for i in range(n)]        # a fixed permutation (n and 7919 are coprime)
     k = (n // (batch * before)) // 2                   # stopped half-way through the epoch
@@ -74,7 +74,7 @@ def test_a_position_of_one_world_size_resumes_on_another_with_every_row_once(n, 
 
 
 def test_resume_indices_pads_like_distributed_sampler_and_drops_with_drop_last():
-    from hvdkit.core.sharding import resume_indices
+    from hvdkit.runtime.sharding import resume_indices
 
     assert [resume_indices(list(range(10)), 6, r, 3) for r in range(3)] == [[6, 9], [7, 0], [8, 1]]
     assert [resume_indices(list(range(10)), 6, r, 3, drop_last=True) for r in range(3)] == [[6], [7], [8]]
@@ -82,7 +82,7 @@ def test_resume_indices_pads_like_distributed_sampler_and_drops_with_drop_last()
 
 
 def test_samples_done_is_the_jobs_count_capped_at_the_epoch():
-    from hvdkit.core.sharding import samples_done
+    from hvdkit.runtime.sharding import samples_done
 
     assert samples_done(280, 4, 10, 3, 400) == 400            # 280 + 120, the epoch's end
     assert samples_done(0, 14, 10, 2, 400) == 280

@@ -1,8 +1,8 @@
-"""Slurm's compressed node lists and task counts, table-driven (hvdkit.core.slurm)."""
+"""Slurm's compressed node lists and task counts, table-driven (hvdkit.ops.slurm)."""
 
 import pytest
 
-from hvdkit.core.slurm import SlurmError, allocation, expand_nodelist, expand_tasks_per_node
+from hvdkit.ops.slurm import SlurmError, allocation, expand_nodelist, expand_tasks_per_node
 
 pytestmark = pytest.mark.unit
 
@@ -63,26 +63,3 @@ def test_allocation_errors_say_the_fix(env, needle):
     assert needle in str(err.value)
 
 
-SRUN = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
-
-
-@pytest.mark.parametrize("env,mpi_built,needle", [
-    ({}, True, None),                                                  # not under Slurm
-    ({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2"}, True, None),          # the batch script, not a step
-    ({**SRUN, "SLURM_NTASKS": "1"}, True, None),                       # one task: a singleton is right
-    ({**SRUN, "PMIX_RANK": "0"}, True, None),                          # srun --mpi=pmix
-    ({**SRUN, "HOROVOD_RANK": "0"}, False, None),                      # horovodrun inside the allocation
-    ({**SRUN, "OMPI_COMM_WORLD_RANK": "0"}, True, None),               # mpirun inside the allocation
-    (SRUN, True, "srun --mpi=pmix"),                                   # srun --mpi=none
-    ({**SRUN, "PMIX_RANK": "0", "HOROVOD_CONTROLLER": "gloo"}, True, "cannot start a Gloo job"),
-    ({**SRUN, "PMIX_RANK": "0"}, False, "cannot start a Gloo job"),   # a Horovod without MPI
-])
-def test_check_direct_launch(env, mpi_built, needle):
-    from hvdkit.core.slurm import check_direct_launch
-
-    if needle is None:
-        check_direct_launch(env, mpi_built)
-        return
-    with pytest.raises(SlurmError) as err:
-        check_direct_launch(env, mpi_built)
-    assert needle in str(err.value)

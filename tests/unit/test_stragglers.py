@@ -1,10 +1,10 @@
-"""hvdkit.core.stragglers: who is named, against what, and the one allgather an epoch."""
+"""hvdkit.runtime.stragglers: who is named, against what, and the one allgather an epoch."""
 
 import io
 
 import pytest
 
-from hvdkit.core.stragglers import StepClock, find_straggler, report_epoch
+from hvdkit.runtime.stragglers import StepClock, find_straggler, report_epoch
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""hvdkit.core.timeline on a real timeline: 2 ranks on Gloo, rank 1 sleeping 40 ms before each backward.
+"""hvdkit.ops.timeline on a real timeline: 2 ranks on Gloo, rank 1 sleeping 40 ms before each backward.
 
 tests/data/timeline_rank1_slow.json was recorded with
 ``horovodrun -np 2 -H localhost:2 --gloo --timeline-filename ... --cache-capacity 0
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from hvdkit.cli.main import main
-from hvdkit.core.errors import UserError
-from hvdkit.core.timeline import analyze, format_report, parse_timeline, read_timeline
+from hvdkit.common.errors import UserError
+from hvdkit.ops.timeline import analyze, format_report, parse_timeline, read_timeline
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit

@@ -1,10 +1,10 @@
 """Horovod settings Horovod would silently misread (it parses them with strtol/strtod) stop with one line;
-the defaults hvdkit sets instead, and where (hvdkit/core/tuning.py has the measurements)."""
+the defaults hvdkit sets instead, and where (hvdkit/common/tuning.py has the measurements)."""
 
 import pytest
 
-from hvdkit.core.errors import UserError
-from hvdkit.core.tuning import apply_horovod_defaults, check_horovod_environment, horovod_controller, spans_one_host
+from hvdkit.common.errors import UserError
+from hvdkit.common.tuning import apply_horovod_defaults, check_horovod_environment, horovod_controller
 
 pytestmark = pytest.mark.unit
 
@@ -89,16 +89,3 @@ def test_an_empty_horovod_setting_counts_as_unset():
 ])
 def test_the_controller_hvd_init_will_pick(env, mpi_built, controller):
     assert horovod_controller(env, mpi_built) == controller
-
-
-@pytest.mark.parametrize("env, one_host", [
-    ({}, True),                                                                   # python train.py
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, True),      # horovodrun -H localhost:2
-    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, False),     # -H a:2,b:2
-    ({"HOROVOD_SIZE": "4", "HOROVOD_LOCAL_SIZE": "1"}, False),                     # horovodrun --gloo on 4 hosts
-    ({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2"}, False),   # srun --mpi=pmix
-    ({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_NNODES": "2"}, True),
-    ({"SLURM_NNODES": "2"}, True),             # in an allocation but not in a step: this process runs alone
-])
-def test_whether_every_rank_is_on_this_host(env, one_host):
-    assert spans_one_host(env) is one_host

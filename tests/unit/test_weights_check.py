@@ -1,9 +1,9 @@
-"""hvdkit.core.state.check_weights_agree: the first-step check that the ranks' weights agree (no processes)."""
+"""hvdkit.runtime.state.check_weights_agree: the first-step check that the ranks' weights agree (no processes)."""
 
 import numpy as np
 import pytest
 
-from hvdkit.core.state import RanksDivergedError, check_weights_agree, weights_check_applies, weights_digest
+from hvdkit.runtime.state import RanksDivergedError, check_weights_agree, weights_check_applies, weights_digest
 
 pytestmark = pytest.mark.unit
 

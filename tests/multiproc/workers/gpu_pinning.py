@@ -45,7 +45,7 @@ calls = []
 
 
 class FakeLibcuda:
-    """The CUDA driver calls hvdkit.core.cuda_driver makes (arguments are ctypes byref()s), for the fake GPUs."""
+    """The CUDA driver calls hvdkit.runtime.cuda_driver makes (arguments are ctypes byref()s), for the fake GPUs."""
 
     def cuInit(self, flags):
         return 0
@@ -65,7 +65,7 @@ class FakeLibcuda:
 
 if args.driver:
     # A GPU host whose CUDA the framework cannot use: /dev/nvidia0 and an old driver in /proc.
-    from hvdkit.core import cuda_driver
+    from hvdkit.runtime import cuda_driver
 
     fake = os.path.join(args.out, f"host-of-rank{rank}")
     os.makedirs(os.path.join(fake, "dev"))
@@ -80,7 +80,7 @@ if args.framework == "keras-tensorflow":
 
     import tensorflow as tf
 
-    from hvdkit.core import cuda_driver
+    from hvdkit.runtime import cuda_driver
 
     if args.driver:
         tf.sysconfig.get_build_info = lambda: {"is_cuda_build": True, "cuda_version": "12.5.1"}   # tensorflow 2.21

@@ -6,7 +6,7 @@ their backend (:mod:`hvdkit.backends`); what they return, and what
 
 Example::
 
-    ctx = hvdkit.torch.init(seed=42)      # -> hvdkit.core.context.init(TorchBackend(), "torch", ...)
+    ctx = hvdkit.torch.init(seed=42)      # -> hvdkit.runtime.context.init(TorchBackend(), "torch", ...)
     if ctx.is_main:
         print(f"{ctx.size} processes on {ctx.cross_size} host(s), device {ctx.device}")
 """
@@ -22,16 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.core import cuda_driver, slurm
-from hvdkit.core.backend import Backend
-from hvdkit.core.errors import UserError
-from hvdkit.core.topology import NoGPUError, Topology, cpu_threads_per_rank
-from hvdkit.core.tuning import apply_horovod_defaults, horovod_controller, spans_one_host
+from hvdkit.common.errors import UserError
+from hvdkit.common.launcher import check_joined, check_srun_step, spans_one_host
+from hvdkit.common.tuning import apply_horovod_defaults, horovod_controller
+from hvdkit.runtime import cuda_driver
+from hvdkit.runtime.backend import Backend
+from hvdkit.runtime.topology import NoGPUError, Topology, cpu_threads_per_rank
 
 
 @dataclass(frozen=True)
 class Context(Topology):
-    """Where this process sits in the job (see :class:`hvdkit.core.topology.Topology`), its mode and device.
+    """Where this process sits in the job (see :class:`hvdkit.runtime.topology.Topology`), its mode and device.
 
     ``backend`` is the adapter's mode: ``"torch"`` for :mod:`hvdkit.torch`;
     ``"tensorflow"``, ``"torch"`` or ``"tf_keras"`` for :mod:`hvdkit.keras`.
@@ -41,41 +42,6 @@ class Context(Topology):
 
     backend: str = "torch"
     device: Any = None
-
-
-# What other launchers tell each process about the job's size, and who sets it. horovodrun's own
-# variables (HOROVOD_SIZE; OMPI_COMM_WORLD_SIZE under --mpi) agree with hvd.size() when it started the job.
-LAUNCHER_SIZE_VARIABLES = {
-    "WORLD_SIZE": "torchrun (or another torch.distributed launcher)",
-    "OMPI_COMM_WORLD_SIZE": "Open MPI's mpirun",
-    "PMI_SIZE": "an MPICH or Intel MPI mpiexec",
-    "MV2_COMM_WORLD_SIZE": "MVAPICH's mpirun",
-}
-
-
-class LauncherError(UserError):
-    """A launcher started several processes that Horovod does not join into one job."""
-
-
-def check_launcher(env: Mapping[str, str], size: int, script: str = "train.py") -> None:
-    """After ``hvd.init()``: raise :class:`LauncherError` if a launcher started N > 1 processes but Horovod sees one.
-
-    torchrun (or an mpirun that Horovod was not built for) starts N copies
-    that each become a one-process Horovod job: each trains alone and all
-    write the same checkpoint. Only a size of 1 is flagged, so a variable
-    inherited from an outer job (a PyTorchJob pod running horovodrun) does
-    not stop a real multi-process Horovod job.
-    """
-    if size != 1:
-        return
-    for variable, launcher in LAUNCHER_SIZE_VARIABLES.items():
-        value = env.get(variable, "")
-        if value.isdigit() and int(value) > 1:
-            n = int(value)
-            raise LauncherError(
-                f"{variable}={n}: {launcher} started {n} processes, but Horovod sees only this one (hvd.size() is "
-                f"1), so each would train alone and write the same checkpoint; launch with `horovodrun -np {n} "
-                f"python {script}` or `hvdkit launch -np {n} -- python {script}` instead")
 
 
 @dataclass
@@ -96,13 +62,13 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     The GPU is the local rank's when every rank of the host sees all its
     GPUs, else the first visible one (a launcher that gives each rank its
     own); the ranks compare the GPUs' UUIDs first and raise
-    :class:`hvdkit.core.topology.NoGPUError` if two would share one, or if
+    :class:`hvdkit.runtime.topology.NoGPUError` if two would share one, or if
     the host has GPUs the framework cannot use (an old driver).
     ``threads`` is the intra-op thread count; by default, on the CPU, the
     host's cores are shared among its local ranks (unless OMP_NUM_THREADS is
     set). ``seed_hook`` seeds what the adapter adds (Keras's own seed).
     A job that another launcher (torchrun) started as several one-process
-    Horovod jobs raises :class:`LauncherError` (:func:`check_launcher`).
+    Horovod jobs raises :class:`hvdkit.common.launcher.LauncherError` (:func:`~hvdkit.common.launcher.check_joined`).
     ``HVDKIT_DEVICE=cpu`` trains on the CPU whatever GPUs the rank sees or
     its Slurm job was given (where Slurm resets ``CUDA_VISIBLE_DEVICES``).
     """
@@ -110,17 +76,17 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     cpu_chosen = chooses_cpu(os.environ)   # HVDKIT_DEVICE=cpu: the CPU even where GPUs are visible or allocated
     on_gpu = backend.has_gpu() and not cpu_chosen
     mpi_built = bool(backend.hvd.mpi_built())
-    # measured (hvdkit.core.tuning); the environment wins
+    # measured (hvdkit.common.tuning); the environment wins
     apply_horovod_defaults(on_gpu=on_gpu, controller=horovod_controller(os.environ, mpi_built),
                            one_host=spans_one_host(os.environ))
-    slurm.check_direct_launch(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
+    check_srun_step(os.environ, mpi_built=mpi_built)   # srun without PMIx: say the fix
     if not cpu_chosen:                 # GPUs it cannot use, or asked for and missing: say why
         cuda_driver.check_cuda_usable(on_gpu, backend.framework, backend.cuda_build())
     check_nccl(on_gpu, backend)        # GPUs, but a Horovod without NCCL: say which flavour
     backend.hvd.init()
     where = backend.topology()
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
-    check_launcher(os.environ, where["size"], script)   # torchrun: N one-process jobs; say the launcher to use
+    check_joined(os.environ, where["size"], script)   # torchrun: N one-process jobs; say the launcher to use
     if threads is None and not on_gpu:
         threads = cpu_threads_per_rank(where["local_size"])
     if threads is not None:           # given, or the CPU default: on a GPU only when asked for

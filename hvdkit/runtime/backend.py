@@ -3,10 +3,10 @@
 As in Horovod's own elastic core (which takes the framework's collectives
 as parameters), everything both adapters do the same way is written once in
 the core against this interface: the context and ``init``
-(:mod:`hvdkit.core.context`), the preemption agreement
-(:mod:`hvdkit.core.preemption`), metric averaging, checkpoint reads
-(:mod:`hvdkit.core.checkpoint_files`) and elastic bookkeeping
-(:mod:`hvdkit.core.elastic`). Each framework implements it once, in
+(:mod:`hvdkit.runtime.context`), the preemption agreement
+(:mod:`hvdkit.runtime.preemption`), metric averaging, checkpoint reads
+(:mod:`hvdkit.runtime.checkpoint_files`) and elastic bookkeeping
+(:mod:`hvdkit.runtime.elastic`). Each framework implements it once, in
 :mod:`hvdkit.backends`: ``torch`` (``horovod.torch``; used by
 :mod:`hvdkit.torch` and by Keras 3 on PyTorch) and ``tensorflow``
 (``horovod.tensorflow``; Keras 3 on TensorFlow and tf-keras).
@@ -14,7 +14,7 @@ the core against this interface: the context and ``init``
 Example::
 
     backend = hvdkit.backends.torch.TorchBackend()
-    ctx = hvdkit.core.context.init(backend, mode="torch")
+    ctx = hvdkit.runtime.context.init(backend, mode="torch")
     backend.allreduce_floats([loss], "average", name="loss")   # the mean over ranks
 """
 
@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-# The op and compression names hvdkit's API takes (see hvdkit.core.lr.reduce_options),
+# The op and compression names hvdkit's API takes (see hvdkit.runtime.lr.reduce_options),
 # and the attribute of a Horovod framework module each one is.
 OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum", "min": "Min", "max": "Max"}
 COMPRESSIONS = {"none": "none", "fp16": "fp16"}
@@ -91,7 +91,7 @@ class Backend(ABC):
 
     @abstractmethod
     def pin(self, rank: int, local_rank: int, local_size: int, use_gpu: bool = True) -> tuple[int | None, Any]:
-        """Pin this rank's GPU (via :func:`hvdkit.core.topology.pin_gpu`), if the host has one for it.
+        """Pin this rank's GPU (via :func:`hvdkit.runtime.topology.pin_gpu`), if the host has one for it.
 
         Every rank joins the GPU exchange, those on the CPU too. ``use_gpu=False``
         (``HVDKIT_DEVICE=cpu``) keeps the rank on the CPU, its GPUs hidden from

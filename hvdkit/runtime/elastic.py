@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from hvdkit.core import context
-from hvdkit.core.lr import scale_lr_for
+from hvdkit.runtime import context
+from hvdkit.runtime.lr import scale_lr_for
 
 
 def run(func: Callable) -> Callable:
@@ -24,7 +24,7 @@ def run(func: Callable) -> Callable:
     it; then reset Horovod (shutdown, init) and run again. The backend is
     looked up when ``func`` runs, so the decorator may be applied before
     ``init()``. A failure counts as a failed collective when Horovod says so
-    or the backend recognises it (:meth:`hvdkit.core.backend.Backend.collective_failure`).
+    or the backend recognises it (:meth:`hvdkit.runtime.backend.Backend.collective_failure`).
     """
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HorovodInternalError

@@ -1,9 +1,7 @@
-"""Checkpoint files, framework-neutral: atomic writes, keep-last-N, fallback and pre-flight checks.
+"""Checkpoint files, framework-neutral: keep-last-N, fallback and pre-flight checks.
 
-A checkpoint is written to a temporary file in the same directory, flushed and
-fsync'ed, then renamed over the target. ``os.replace`` is atomic on POSIX, so a
-process killed mid-save leaves either the old checkpoint or the new one, never a
-truncated file. Its integrity check is inside the file (:mod:`hvdkit.core.integrity`),
+A checkpoint is written whole or not at all (:func:`hvdkit.common.files.atomic_write`).
+Its integrity check is inside the file (:mod:`hvdkit.runtime.integrity`),
 so that one rename makes the file and its check valid together; the temporary
 files a killed save leaves behind are removed by the next save to that place.
 
@@ -15,22 +13,24 @@ Example::
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import glob
-import hashlib
 import logging
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
-from hvdkit.core.backend import Backend
-from hvdkit.core.errors import UserError
-from hvdkit.core.integrity import TensorBytes, check_digest, numpy_bytes
-from hvdkit.core.units import format_bytes
+from hvdkit.common.files import (
+    WriteError,
+    atomic_write,
+    cannot_write,
+    file_sha256,
+    remove_leftovers,
+    writable_free_bytes,
+)
+from hvdkit.common.units import format_bytes
+from hvdkit.runtime.backend import Backend
+from hvdkit.runtime.integrity import TensorBytes, check_digest, numpy_bytes
 
 log = logging.getLogger("hvdkit.checkpoint")
 # Written beside each checkpoint by hvdkit before the digest moved inside the file;
@@ -38,154 +38,8 @@ log = logging.getLogger("hvdkit.checkpoint")
 LEGACY_CHECKSUM_SUFFIX = ".sha256"
 
 
-class CheckpointError(UserError):
+class CheckpointError(WriteError):
     """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike."""
-
-
-# tempfile.mkstemp's random part is 8 characters: ".model.pt.<8>.tmp" is a save of model.pt, while
-# ".model.pt.best.<8>.tmp" belongs to model.pt.best and is left alone.
-_RANDOM = "????????"
-
-
-def _temp_pattern(path: str) -> str:
-    return os.path.join(glob.escape(os.path.dirname(path) or "."),
-                        f".{glob.escape(os.path.basename(path))}.{_RANDOM}.tmp")
-
-
-def remove_leftovers(path: str | os.PathLike) -> list[str]:
-    """Delete the temporary files an earlier, killed save to ``path`` left behind (see :func:`_remove_dead`)."""
-    removed = [tmp for tmp in glob.glob(_temp_pattern(os.fspath(path))) if _remove_dead(tmp, os.fspath(path))]
-    if removed:
-        log.info("removed %d temporary file(s) of an interrupted save: %s", len(removed), ", ".join(removed))
-    return removed
-
-
-def _remove_dead(tmp: str, target: str, what: str = "checkpoint") -> bool:
-    """Delete ``tmp`` if no live process writes it; raise :class:`CheckpointError` naming the writer if one does.
-
-    Every save holds an ``flock`` on its own temporary file while writing it,
-    and the kernel drops the lock when the process ends. A save that removed
-    another's temporary files unconditionally deleted a live one when two
-    processes saved to the same place at once: about half the saves failed
-    with "No such file or directory: check the path". A file the lock cannot
-    be taken on (a file system without locks) is removed, as before.
-    """
-    try:
-        fd = os.open(tmp, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        fd = None
-    try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise CheckpointError(
-                    f"another process is writing {what} {target!r} right now ({os.path.basename(tmp)}): two jobs "
-                    "(or two ranks of one) save to the same place; give each job its own path (hvdkit's "
-                    "save_checkpoint writes on rank 0 only)") from None
-            except OSError:
-                pass                  # no locks here (some NFS setups): remove it, as before
-        try:
-            os.unlink(tmp)
-            return True
-        except FileNotFoundError:
-            return False
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str = "checkpoint",
-                 need_bytes: int | None = None) -> None:
-    """Call ``write(file)`` on a temporary file, then atomically move it to ``path``.
-
-    An OSError (read-only directory, full disk, quota) becomes a
-    :class:`CheckpointError` that names ``what``, the path and the fix; the
-    temporary file is removed and the previous ``path`` is untouched. So does
-    any other error while the disk is full: ``torch.save`` reports ENOSPC as
-    ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
-    pos``, which the example's ``except CheckpointError`` missed; the message
-    gives ``need_bytes`` (the adapter's estimate) against the free space.
-    The temporary file is ``flock``-ed while it is written, so no other save
-    takes it for a killed save's leftover (:func:`_remove_dead`).
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(_cannot_write(path, exc, what)) from exc
-    try:
-        remove_leftovers(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise CheckpointError(_cannot_write(path, exc, what)) from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)    # ours, until the file is closed
-            except OSError:
-                pass              # no locks on this file system
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            os.replace(tmp, path)     # still open, so still locked: no other save can take it for a leftover
-    except BaseException as exc:
-        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise CheckpointError(_cannot_write(path, exc, what)) from exc
-        if isinstance(exc, Exception) and _disk_full(directory, written):
-            raise CheckpointError(_disk_filled(path, what, written, need_bytes, directory)) from exc
-        raise
-    # Make the rename itself durable.
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _disk_full(directory: str, written: int) -> bool:
-    """After a failed write: was the file system full? (Less free than a block-sized margin, the tmp removed.)"""
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return False
-    return free - written < 1 << 20
-
-
-def _disk_filled(path: str, what: str, written: int, need_bytes: int | None, directory: str) -> str:
-    free = shutil.disk_usage(directory).free
-    need = f"; this {what} needs about {format_bytes(need_bytes)}" if need_bytes else ""
-    return (f"cannot write {what} {path!r}: the disk filled up after {format_bytes(written)} ({format_bytes(free)} "
-            f"free now{need}): free space there or save elsewhere; the previous {what} is untouched")
-
-
-def _cannot_write(path: str, exc: OSError, what: str = "checkpoint") -> str:
-    fix = {errno.ENOSPC: "free space there or save elsewhere",
-           errno.EDQUOT: "free space in your quota or save elsewhere",
-           errno.EROFS: "save to a writable file system",
-           errno.EACCES: "save to a directory you can write to, or fix its permissions"}
-    return (f"cannot write {what} {path!r}: {exc.strerror or exc} (errno {exc.errno}): "
-            f"{fix.get(exc.errno, 'check the path and the file system')}; the previous {what} is untouched")
-
-
-def writable_free_bytes(directory: str) -> int:
-    """Create ``directory``, write and remove a probe file in it, and return its free bytes.
-
-    Raises the OSError that a save there would meet (read-only, no permission, a file in the path).
-    """
-    os.makedirs(directory, exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix=".hvdkit-write-probe.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.unlink(probe)
-    return shutil.disk_usage(directory).free
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int | None = None,
@@ -203,7 +57,7 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int 
     try:
         free = writable_free_bytes(directory)
     except OSError as exc:
-        return _cannot_write(path, exc).replace("; the previous checkpoint is untouched", "")
+        return cannot_write(path, exc, "checkpoint").replace("; the previous checkpoint is untouched", "")
     copies, what = 1, "a checkpoint of this model needs"
     if keep_last and is_directory_target(path):
         there = min(len(CheckpointDir(directory, suffix).checkpoints()), keep_last) if suffix else 0
@@ -217,14 +71,6 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int 
 
 
 # ---- legacy sidecar checksums, directories of checkpoints, fallback --------------------------
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify_legacy_checksum(path: str) -> str | None:
@@ -246,7 +92,7 @@ def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], N
     the rename and its removal leaves nothing that blocks a resume.
     """
     path = os.fspath(path)
-    atomic_write(path, write, need_bytes=need_bytes)
+    atomic_write(path, write, what="checkpoint", need_bytes=need_bytes, error=CheckpointError)
     _KNOWN_GOOD[os.path.realpath(path)] = _stamp(path)
     try:
         os.unlink(path + LEGACY_CHECKSUM_SUFFIX)
@@ -306,7 +152,7 @@ class CheckpointDir:
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
-            raise CheckpointError(_cannot_write(path, exc)) from exc
+            raise CheckpointError(cannot_write(path, exc, "checkpoint")) from exc
         self.remove_leftovers()
         write_checkpoint_file(path, write, need_bytes)
         self.prune(keep=path)
@@ -314,8 +160,8 @@ class CheckpointDir:
 
     def remove_leftovers(self) -> list[str]:
         """Temporary files of killed saves of any step (``.ckpt-00000005.pt.<random>.tmp``)."""
-        pattern = os.path.join(glob.escape(self.directory), f".{self.prefix}-*{self.suffix}.{_RANDOM}.tmp")
-        return [tmp for tmp in glob.glob(pattern) if _remove_dead(tmp, os.path.join(self.directory, ""))]
+        return remove_leftovers(os.path.join(self.directory, ""), "checkpoint", CheckpointError,
+                                name_glob=f"{glob.escape(self.prefix)}-*{glob.escape(self.suffix)}")
 
     def prune(self, keep: str | None = None) -> list[str]:
         """Keep the newest ``keep_last`` checkpoints that verify, and ``keep``; delete the older ones.
@@ -397,7 +243,7 @@ def verify_loaded(path: str, found_format: Any, formats: tuple[str, ...], conten
     """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of ``formats``.
 
     ``formats`` is (current, ..., legacy), newest first: all but the last
-    carry their digest inside (:mod:`hvdkit.core.integrity`), the last (the
+    carry their digest inside (:mod:`hvdkit.runtime.integrity`), the last (the
     first format) a ``.sha256`` beside the file.
     """
     if found_format not in formats:

@@ -19,8 +19,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import hvdkit
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, is_this_machine, parse_discovery_output
+from hvdkit.common.errors import UserError
+from hvdkit.ops.hosts import HostSpec, is_this_machine, parse_discovery_output
 
 SSH_CONNECT_TIMEOUT_S = 5
 DISCOVERY_TIMEOUT_S = 30

@@ -17,12 +17,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hvdkit.core.checkpoint_files import writable_free_bytes
-from hvdkit.core.envreport import probe_horovod
-from hvdkit.core.errors import UserError
-from hvdkit.core.hosts import HostSpec, RankPlacement, is_this_machine, rank_layout, to_hosts_string
-from hvdkit.core.preemption import REQUEUE_EXIT_CODE
-from hvdkit.core.remote import horovodrun_path
+from hvdkit.common.errors import UserError
+from hvdkit.common.files import writable_free_bytes
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE
+from hvdkit.ops.envreport import probe_horovod
+from hvdkit.ops.hosts import HostSpec, RankPlacement, is_this_machine, rank_layout, to_hosts_string
+from hvdkit.ops.remote import horovodrun_path
 
 CONTROLLERS = ("auto", "mpi", "gloo")
 
@@ -232,7 +232,7 @@ def plan_launch(cfg: LaunchConfig, build: BuildFlags) -> LaunchPlan:
         argv += ["--network-interface", nic]
     if cfg.timeline:
         # Without the response cache every negotiation records when each rank was ready; with it (Horovod's
-        # default) only a tensor's first does (hvdkit.core.timeline).
+        # default) only a tensor's first does (hvdkit.ops.timeline).
         argv += ["--timeline-filename", cfg.timeline, "--cache-capacity", "0"]
     argv += cfg.command
     return LaunchPlan(tuple(argv), controller, reason, _layout(cfg))
@@ -346,26 +346,8 @@ def is_rank_output(line: str) -> bool:
     return _TAGGED.match(line) is not None
 
 
-# horovodrun starts each elastic worker as "sh -c 'env HOROVOD_HOSTNAME=h HOROVOD_RANK=r ... HOROVOD_LOCAL_RANK=l
-# ... python train.py'" (through ssh for another host); the lookbehind keeps HOROVOD_CROSS_RANK out.
-_SLOT_VALUE = {key: re.compile(rf"(?<!\w){key}=([\w.-]+)") for key in
-               ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK")}
 # All horovodrun says when an elastic worker ends: the rank it started with, and its exit status.
 _WORKER_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
-
-
-def worker_slot(cmdline: str) -> tuple[int, str, int] | None:
-    """(rank it started as, host, local rank) of the worker a horovodrun child process runs, from its command
-    line; None for any other process::
-
-        worker_slot("/bin/sh -c env HOROVOD_HOSTNAME=b HOROVOD_RANK=3 HOROVOD_LOCAL_RANK=1 python t.py")   # (3, 'b', 1)
-    """
-    found = {key: pattern.search(cmdline) for key, pattern in _SLOT_VALUE.items()}
-    if not all(found.values()) or not (found["HOROVOD_RANK"].group(1).isdigit()
-                                       and found["HOROVOD_LOCAL_RANK"].group(1).isdigit()):
-        return None
-    return (int(found["HOROVOD_RANK"].group(1)), found["HOROVOD_HOSTNAME"].group(1),
-            int(found["HOROVOD_LOCAL_RANK"].group(1)))
 
 
 def removed_worker(line: str) -> int | None:
@@ -385,7 +367,7 @@ def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]],
     """The line naming an elastic worker that ended (horovodrun names only the rank it started as).
 
     ``slots`` maps the rank a worker started as to (host, local rank), from
-    :func:`worker_slot`; ``removed`` holds the ranks :func:`removed_worker` saw
+    :func:`hvdkit.common.launcher.horovodrun_worker_slot`; ``removed`` holds the ranks :func:`removed_worker` saw
     leave because their slot left the host list::
 
         explain_worker_exit(1, 137, {1: ("hostb", 0)}, set())
@@ -402,7 +384,7 @@ def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]],
             "workers remain")
 
 
-# An exception line of a Python traceback: "hvdkit.core.checkpoint_files.CheckpointError: cannot write ...", or the
+# An exception line of a Python traceback: "hvdkit.runtime.checkpoint_files.CheckpointError: cannot write ...", or the
 # bare name at the end of the line. A script's own "error: ..." line (SystemExit with a message, as hvdkit's
 # examples end) counts the same.
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s.*|:?\s*)$")

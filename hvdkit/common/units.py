@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 _BYTE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30,
                "GIB": 1 << 30}

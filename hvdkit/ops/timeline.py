@@ -31,8 +31,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from hvdkit.core.errors import UserError
-from hvdkit.core.units import format_bytes
+from hvdkit.common.errors import UserError
+from hvdkit.common.units import format_bytes
 
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
                "int32": 4, "int64": 8, "bool": 1}
@@ -248,7 +248,7 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
 
 def format_report(report: TimelineReport) -> str:
     """The report as text: a row per rank, the time in collectives, the heaviest tensors, then notes."""
-    from hvdkit.core.console import text_table
+    from hvdkit.common.console import text_table
 
     out = [f"{report.negotiations} negotiations over {report.span_ms / 1e3:.2f} s "
            f"({report.cached_negotiations} answered from Horovod's cache, without per-rank times)"]

@@ -2,12 +2,12 @@
 
 Example::
 
-    from hvdkit.core.envreport import collect, render_text
+    from hvdkit.ops.envreport import collect, render_text
     print(render_text(collect()))
 
 Nothing here imports torch or tensorflow: package versions come from their
 metadata, Horovod's build flags from a probe subprocess
-(:mod:`hvdkit.core.horovod_probe`).
+(:mod:`hvdkit.ops.horovod_probe`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 
 import hvdkit
-from hvdkit.core.tuning import horovod_setting_errors
+from hvdkit.common.tuning import horovod_setting_errors
 
 # Report name -> distributions that provide it (first installed one wins).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -163,7 +163,7 @@ def probe_horovod(python: str = sys.executable) -> tuple[HorovodBuild | None, st
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     try:
         out = subprocess.run(
-            [python, "-m", "hvdkit.core.horovod_probe"],
+            [python, "-m", "hvdkit.ops.horovod_probe"],
             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
         )
     except subprocess.TimeoutExpired:

@@ -13,8 +13,8 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.core.checkpoint_files import CheckpointError
-from hvdkit.core.topology import Topology
+from hvdkit.runtime.checkpoint_files import CheckpointError
+from hvdkit.runtime.topology import Topology
 
 REDUCE_OPS = ("average", "sum", "adasum")
 COMPRESSIONS = ("none", "fp16")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 # The numbers below are docs/BENCHMARKS.md's Tuning table: the sixth session's runs, and issue 26's
 # (raw files in docs/bench/fusion/ and docs/bench/cycle/).
@@ -78,8 +78,8 @@ from hvdkit.core.errors import UserError
 # On GPUs Horovod's default stays: NCCL is tuned for large buffers (not measured here: no GPU was lent).
 # The training step: see docs/BENCHMARKS.md's Tuning table.
 #
-# Controller: see hvdkit.core.launch.choose_controller (MPI on one host or with NCCL, Gloo across CPU hosts).
-# Threads: see hvdkit.core.topology.cpu_threads_per_rank (cores / local ranks).
+# Controller: see hvdkit.ops.launch.choose_controller (MPI on one host or with NCCL, Gloo across CPU hosts).
+# Threads: see hvdkit.runtime.topology.cpu_threads_per_rank (cores / local ranks).
 
 
 # Horovod parses its numeric knobs with strtol/strtod and no check, so a typo
@@ -164,18 +164,6 @@ def horovod_controller(environ=os.environ, mpi_built: bool = True) -> str:
     if asked in ("mpi", "gloo"):
         return asked
     return "mpi" if mpi_built else "gloo"
-
-
-def spans_one_host(environ=os.environ) -> bool:
-    """Whether every rank runs on this host, from the launcher's variables (a lone process does)."""
-    for size, local in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),   # mpirun, horovodrun --mpi
-                        ("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE")):                  # horovodrun --gloo
-        if environ.get(size) and environ.get(local):
-            return environ[size].strip() == environ[local].strip()
-    nodes = environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES")    # srun --mpi=pmix
-    if nodes and environ.get("SLURM_STEP_ID") is not None:
-        return nodes.strip() == "1"
-    return True
 
 
 def horovod_defaults(on_gpu: bool, controller: str, one_host: bool, autotune: bool = False) -> dict[str, str]:

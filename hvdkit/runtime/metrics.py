@@ -7,7 +7,7 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.core import context
+from hvdkit.runtime import context
 
 
 def metric_average(value, name: str) -> float:

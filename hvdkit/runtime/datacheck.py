@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.core.backend import Backend
+from hvdkit.runtime.backend import Backend
 
 WORDS_PER_ROW = 256              # at most this many 8-byte words of a row are hashed
 CHUNK_BYTES = 32 * 2**20         # rows are hashed this many bytes at a time (bounded extra memory)

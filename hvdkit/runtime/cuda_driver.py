@@ -31,8 +31,8 @@ import re
 import shutil
 from collections.abc import Mapping
 
-from hvdkit.core import slurm
-from hvdkit.core.topology import NoGPUError, hides_all_gpus
+from hvdkit.common import launcher
+from hvdkit.runtime.topology import NoGPUError, hides_all_gpus
 
 DEV_DIR = "/dev"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
@@ -63,15 +63,13 @@ def gpus_asked_for(environ: Mapping[str, str]) -> str | None:
     ``NVIDIA_VISIBLE_DEVICES`` naming devices (the Kubernetes device plugin sets
     it for a ``nvidia.com/gpu`` request, a user for ``docker run -e``; CUDA
     base images default it to ``all``, which asks for nothing), or a Slurm
-    GPU allocation (``SLURM_JOB_GPUS``, ``SLURM_STEP_GPUS``, ``SLURM_GPUS_ON_NODE``).
+    GPU allocation (:func:`hvdkit.common.launcher.slurm_job`'s ``gpus``).
     """
     nvidia = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
     if nvidia and nvidia.lower() not in ("all", "void", "none"):
         return f"NVIDIA_VISIBLE_DEVICES={nvidia}"
-    for var in slurm.GPU_VARIABLES:
-        if environ.get(var, "").strip() not in ("", "0"):
-            return f"{var}={environ[var]}"
-    return None
+    job = launcher.slurm_job(environ)
+    return job.gpus if job else None
 
 
 def in_container() -> bool:
@@ -113,13 +111,14 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
     """
     environ = os.environ if environ is None else environ
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
-    if usable or hides_all_gpus(cvd) or slurm.gave_no_gpu(environ):
+    if usable or hides_all_gpus(cvd) or launcher.slurm_gave_no_gpu(environ):
         return
     cpu = "or set HVDKIT_DEVICE=cpu to train on the CPU deliberately"
     evidence = gpu_evidence(dev_dir, which)
     if evidence is None:
         asked = gpus_asked_for(environ)
-        if asked and asked.startswith("SLURM_"):
+        slurm = launcher.slurm_job(environ)
+        if asked and slurm and asked == slurm.gpus:
             raise NoGPUError(f"GPUs were asked for ({asked}) but this node shows none ({dev_dir or DEV_DIR} has no "
                              f"nvidia device, no nvidia-smi on PATH): check its NVIDIA driver and Slurm's gres.conf "
                              f"there (nvidia-smi), {cpu}")
@@ -172,7 +171,7 @@ def visible_gpu_uuids(lib=None) -> list[str] | None:
     """The UUIDs ("GPU-" and 32 hex digits) of the GPUs CUDA shows this process, in CUDA's order.
 
     None when the driver library is missing or any call fails; the caller
-    then falls back to CUDA_VISIBLE_DEVICES (:meth:`hvdkit.core.topology.GPUView.gpus`).
+    then falls back to CUDA_VISIBLE_DEVICES (:meth:`hvdkit.runtime.topology.GPUView.gpus`).
     ``cuDeviceGetUuid_v2`` (CUDA 11.4) gives a MIG slice its own UUID; the
     first version gives the parent GPU's.
     """

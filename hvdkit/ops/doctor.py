@@ -22,11 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
-from hvdkit.core.console import text_table
-from hvdkit.core.envreport import EnvReport, collect
-from hvdkit.core.hosts import HostSpec, is_this_machine
-from hvdkit.core.launch import BuildFlags, LaunchTarget, plan_launch
-from hvdkit.core.remote import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
+from hvdkit.common.console import text_table
+from hvdkit.ops.envreport import EnvReport, collect
+from hvdkit.ops.hosts import HostSpec, is_this_machine
+from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
+from hvdkit.ops.remote import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
 
 REMOTE_TIMEOUT_S = 60
 ALLREDUCE_TIMEOUT_S = 90
@@ -186,7 +186,7 @@ def common_interface(reports: dict[str, EnvReport], requested: str | None,
 
 def cross_host_allreduce(cfg: DoctorConfig, interface: str | None, build: BuildFlags | None = None) -> Check:
     """A one-float allreduce over the job's ranks (``python -m hvdkit.selfcheck``), launched as ``hvdkit launch``
-    would launch the job: the same hosts, -np and controller (:func:`hvdkit.core.launch.plan_launch`)."""
+    would launch the job: the same hosts, -np and controller (:func:`hvdkit.ops.launch.plan_launch`)."""
     target = replace(cfg.target, network_interface=interface or cfg.target.network_interface)
     launch = target.launch_config((cfg.python, "-m", "hvdkit.selfcheck"), controller=cfg.controller)
     plan = plan_launch(launch, build or BuildFlags.detect())

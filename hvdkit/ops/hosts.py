@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 # RFC 1123 host names, or IPv4 addresses.
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

@@ -129,7 +129,7 @@ def _describe(view: GPUView) -> str:
 
 
 def _uuid_name(uuid: str) -> str:
-    # torch prints a UUID without nvidia-smi's "GPU-" prefix, the CUDA driver library's has it (core.cuda_driver).
+    # torch prints a UUID without nvidia-smi's "GPU-" prefix, the CUDA driver library's has it (runtime.cuda_driver).
     uuid = uuid.strip()
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 

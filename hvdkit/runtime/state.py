@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.core.backend import Backend
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
+from hvdkit.runtime.backend import Backend
 
 
 class StateMismatchError(UserError):

@@ -1,6 +1,6 @@
 """Ask the installed Horovod how it was built; prints one JSON object.
 
-Run as ``python -m hvdkit.core.horovod_probe``. It lives in its own process so
+Run as ``python -m hvdkit.ops.horovod_probe``. It lives in its own process so
 that the report never imports a framework into the caller, and a broken
 extension (the classic "undefined symbol" after a framework upgrade) shows up
 as an error string instead of a crash.
@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 
-from hvdkit.core.cuda_arches import fatbin_arches
+from hvdkit.ops.cuda_arches import fatbin_arches
 
 # Frameworks Horovod can be built for, with the extension library each loads.
 EXTENSIONS = {

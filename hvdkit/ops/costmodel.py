@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 RESNET50_PARAMS = 25_557_032   # torchvision resnet50, the default model to plan for
 

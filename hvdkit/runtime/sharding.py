@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hvdkit.core.errors import UserError
+from hvdkit.common.errors import UserError
 
 
 def shard_indices(length: int, rank: int, size: int, *, drop_remainder: bool = False) -> list[int]:

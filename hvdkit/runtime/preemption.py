@@ -15,7 +15,7 @@ the launcher kill rank 0 mid-save: under ``hvdkit launch``'s default MPI a
 1 GB checkpoint was left as a 908 MB temporary file, and the job exited 75
 onto nothing. ``save_and_exit`` runs the save on every rank, gathers each
 rank's outcome, and only then do all exit 75 together, or all raise
-:class:`~hvdkit.core.checkpoint_files.CheckpointError` naming the rank that
+:class:`~hvdkit.runtime.checkpoint_files.CheckpointError` naming the rank that
 failed (no requeue onto a checkpoint that was not written). ``exit`` alone
 waits for every rank the same way.
 
@@ -33,11 +33,9 @@ import signal
 import sys
 from collections.abc import Callable, Iterable
 
-from hvdkit.core import context
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE
+from hvdkit.runtime import context
 
-# EX_TEMPFAIL (sysexits.h): "try again later". A batch script can requeue on it
-# (examples/slurm/train_gpu.sbatch), and it differs from a crash's exit code.
-REQUEUE_EXIT_CODE = 75
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -84,11 +82,11 @@ class Preemption:
         ``save`` is the adapter's ``save_checkpoint`` (it writes on rank 0
         and returns at once elsewhere), or a function of the script's that calls it. Every rank learns every rank's
         outcome before any leaves: written and renamed, or the error, which
-        every rank raises as :class:`~hvdkit.core.checkpoint_files.CheckpointError`
+        every rank raises as :class:`~hvdkit.runtime.checkpoint_files.CheckpointError`
         naming the rank, so the job ends non-zero rather than asking to be
         requeued onto a checkpoint that does not exist.
         """
-        from hvdkit.core.checkpoint_files import CheckpointError
+        from hvdkit.runtime.checkpoint_files import CheckpointError
 
         try:
             save(*args, **kwargs)
@@ -109,7 +107,7 @@ class Preemption:
 def PreemptionGuard(signals: Iterable[int] = DEFAULT_SIGNALS) -> Preemption:  # noqa: N802 (Horovod-style factory)
     """Record ``signals`` on this rank; ``guard.requested()`` agrees across ranks at a step boundary.
 
-    Needs ``init()`` first; the agreement goes through the job's backend (:mod:`hvdkit.core.backend`).
+    Needs ``init()`` first; the agreement goes through the job's backend (:mod:`hvdkit.runtime.backend`).
     """
     backend = context.backend()
 

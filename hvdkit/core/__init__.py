@@ -1,1 +1,0 @@
-# Framework-neutral core: imports neither torch nor tensorflow.

@@ -1,0 +1,1 @@
+"""Support for the example scripts (examples/): their offline datasets."""
