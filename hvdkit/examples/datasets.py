@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hvdkit.common.errors import UserError
+
 DATASETS = ("digits", "mnist", "synthetic")
 
 # The files torchvision reads; the first mirror that answers is used.
@@ -38,7 +40,7 @@ MNIST_MIRRORS = (
 )
 
 
-class DatasetError(RuntimeError):
+class DatasetError(UserError):
     """A dataset cannot be loaded; the message says how to fix it."""
 
 

@@ -25,7 +25,8 @@ _WHERE = {
     "BackendError": "hvdkit.keras.backend", "resolve_backend": "hvdkit.keras.backend",
     "use_backend": "hvdkit.keras.backend",
     "get_logger": "hvdkit.common.console", "progress": "hvdkit.common.console",
-    "REQUEUE_EXIT_CODE": "hvdkit.runtime.preemption", "PreemptionGuard": "hvdkit.runtime.preemption",
+    "REQUEUE_EXIT_CODE": "hvdkit.common.launcher", "PreemptionGuard": "hvdkit.runtime.preemption",
+    "UserError": "hvdkit.common.errors",
     "metric_average": "hvdkit.runtime.metrics",
     "callbacks": "hvdkit.keras.fit_callbacks",
     "CheckpointError": "hvdkit.keras.checkpoint", "check_checkpoint_path": "hvdkit.keras.checkpoint",
@@ -67,7 +68,7 @@ def __dir__():
 
 __all__ = [
     "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "SyncBatchNormalization", "broadcast_state", "callbacks", "check_checkpoint_path", "current",
+    "SyncBatchNormalization", "UserError", "broadcast_state", "callbacks", "check_checkpoint_path", "current",
     "distributed_batches", "elastic", "fit",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "resolve_backend",
     "save_checkpoint", "scale_lr", "seed_everything", "shard_arrays", "shard_dataset", "steps_per_epoch",

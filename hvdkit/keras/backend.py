@@ -15,8 +15,10 @@ import json
 import os
 from collections.abc import Mapping
 
+from hvdkit.common.errors import UserError
 
-class BackendError(RuntimeError):
+
+class BackendError(UserError):
     """Keras is configured for a backend Horovod cannot serve."""
 
 

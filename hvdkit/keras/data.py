@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 
+from hvdkit.common.errors import UserError
 from hvdkit.keras.context import current
 from hvdkit.runtime.sharding import shard_together
 
@@ -111,9 +112,9 @@ def _batches_class(mode: str) -> type:
             self.x, self.y = x, y
             lengths = {_length(a) for a in ([x] if y is None else [x, y])}
             if len(lengths) != 1:
-                raise ValueError(f"x and y have different lengths {sorted(lengths)}: pass the same samples")
+                raise UserError(f"x and y have different lengths {sorted(lengths)}: pass the same samples")
             if batch_size < 1:
-                raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+                raise UserError(f"batch_size must be at least 1, got {batch_size}")
             self.epoch_size = lengths.pop()
             self.batch_size, self.shuffle, self.seed, self.drop_remainder = batch_size, shuffle, seed, drop_remainder
             self.rank, self.size = rank, size
@@ -122,14 +123,14 @@ def _batches_class(mode: str) -> type:
         def set_epoch(self, epoch: int, start_sample: int = 0) -> None:
             """The next pass is ``epoch``'s order from its ``start_sample``-th sample on (all ranks together)."""
             if start_sample < 0:
-                raise ValueError(f"start_sample must be >= 0, got {start_sample}")
+                raise UserError(f"start_sample must be >= 0, got {start_sample}")
             order = (np.random.default_rng(self.seed + epoch).permutation(self.epoch_size) if self.shuffle
                      else np.arange(self.epoch_size))
             self.epoch, self.start_sample = epoch, start_sample
             self._rows = np.asarray(resume_indices(order.tolist(), start_sample, self.rank, self.size,
                                                    drop_last=self.drop_remainder), dtype=np.int64)
             if start_sample and not len(self._rows):
-                raise ValueError(f"epoch {epoch} from sample {start_sample} leaves no batch on {self.size} ranks "
+                raise UserError(f"epoch {epoch} from sample {start_sample} leaves no batch on {self.size} ranks "
                                  f"(drop_remainder={self.drop_remainder}): start the next epoch instead")
 
         def resume(self, extra: dict | None) -> None:
@@ -142,7 +143,7 @@ def _batches_class(mode: str) -> type:
             if not extra:
                 return
             if "samples" not in extra:
-                raise ValueError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
+                raise UserError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
                                  "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
             epoch, samples = int(extra["epoch"]), int(extra["samples"])
             rest = self.epoch_size - samples
@@ -198,10 +199,10 @@ def fit(model, data, *, epochs: int = 1, **fit_kwargs):
     ``append=True``) start over at the second fit, as they do in a resumed job.
     """
     if not hasattr(data, "start_sample"):
-        raise TypeError(f"hk.fit takes hk.distributed_batches(...), not {type(data).__name__}: call model.fit for "
+        raise UserError(f"hk.fit takes hk.distributed_batches(...), not {type(data).__name__}: call model.fit for "
                         "other data")
     if "initial_epoch" in fit_kwargs:
-        raise TypeError("hk.fit starts at data.epoch: call data.resume(extra) or data.set_epoch(epoch) instead of "
+        raise UserError("hk.fit starts at data.epoch: call data.resume(extra) or data.set_epoch(epoch) instead of "
                         "passing initial_epoch")
     fit_kwargs["shuffle"] = False          # Keras would shuffle the batches' order; the rows are shuffled already
     history, logs = None, {}

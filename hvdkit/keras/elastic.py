@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from horovod.common.elastic import ObjectState
 
+from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import _numpy
 from hvdkit.keras.collectives import broadcast_variables
@@ -44,7 +45,7 @@ class ElasticState(ElasticCommits, ObjectState):
                  step: int = 0, seed: int = 0, **kwargs):
         current()
         if not model.built or not model.variables:
-            raise ValueError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
+            raise UserError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
                              "before making its ElasticState")
         self._init_commits(commit_every, [base_lr] if base_lr is not None else None)
         self.model, self.optimizer = model, optimizer
@@ -99,7 +100,7 @@ class ElasticState(ElasticCommits, ObjectState):
         n = len(arrays[0])
         left = np.random.RandomState(self._seed + self.epoch).permutation(n)[self.consumed:]
         if not len(left):
-            raise ValueError(f"epoch {self.epoch} has no samples left ({n} in all, {self.consumed} consumed): "
+            raise UserError(f"epoch {self.epoch} has no samples left ({n} in all, {self.consumed} consumed): "
                              "call state.epoch_done() after each epoch's fit")
         per_rank = -(-len(left) // ctx.size)
         padded = np.resize(left, per_rank * ctx.size)   # np.resize repeats from the start

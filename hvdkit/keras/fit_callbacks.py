@@ -21,6 +21,7 @@ import logging
 
 import numpy as np
 
+from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
@@ -72,9 +73,9 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     if average_metrics:
         out.append(classes["MetricAverage"]())
     if warmup_steps is not None and warmup_epochs is not None:
-        raise ValueError("give warmup_steps or warmup_epochs, not both")
+        raise UserError("give warmup_steps or warmup_epochs, not both")
     if (warmup_epochs or 0) < 0 or (warmup_steps or 0) < 0:
-        raise ValueError(f"warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}: give 0 or more")
+        raise UserError(f"warmup_epochs={warmup_epochs}, warmup_steps={warmup_steps}: give 0 or more")
     if warmup_epochs or warmup_steps:
         out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
     out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
@@ -235,7 +236,7 @@ def _learning_rate_warmup(keras) -> type:
         def on_train_begin(self, logs=None):
             # An unsized tf.data dataset or a generator: fit learns the epoch's length only at its end.
             if self.warmup_epochs and not self.params.get("steps"):
-                raise ValueError(f"callbacks(warmup_epochs={self.warmup_epochs}): fit does not know the steps per "
+                raise UserError(f"callbacks(warmup_epochs={self.warmup_epochs}): fit does not know the steps per "
                                  "epoch of this data; give callbacks(warmup_steps=...) instead, or "
                                  "fit(steps_per_epoch=...)")
             optimizer = self.model.optimizer
@@ -292,11 +293,11 @@ def _epoch_order(keras) -> type:
         def on_train_begin(self, logs=None):
             self.data = _batches_of(self.model)
             if self.data is not None and _fit_shuffles(self.model):
-                raise ValueError("model.fit(batches) shuffles the order of hk.distributed_batches' batches, so a "
+                raise UserError("model.fit(batches) shuffles the order of hk.distributed_batches' batches, so a "
                                  "checkpoint could not say which samples were trained on: call hk.fit(model, batches, "
                                  "...) or model.fit(batches, shuffle=False); the batches shuffle their rows themselves")
             if self.data is not None and self.data.start_sample and self.params.get("epochs") != self.data.epoch + 1:
-                raise ValueError(f"these batches resume epoch {self.data.epoch} at sample {self.data.start_sample}, "
+                raise UserError(f"these batches resume epoch {self.data.epoch} at sample {self.data.start_sample}, "
                                  "which Keras cannot fit together with other epochs: call hk.fit(model, batches, "
                                  "epochs=..., callbacks=...) instead of model.fit")
 
@@ -304,7 +305,7 @@ def _epoch_order(keras) -> type:
             if self.data is None or epoch == self.data.epoch:
                 return
             if self.data.start_sample:
-                raise ValueError(f"these batches resume epoch {self.data.epoch}, but fit began epoch {epoch}: call "
+                raise UserError(f"these batches resume epoch {self.data.epoch}, but fit began epoch {epoch}: call "
                                  "hk.fit(model, batches, epochs=..., callbacks=...) instead of model.fit")
             self.data.set_epoch(epoch)
 

@@ -20,7 +20,7 @@ from hvdkit.runtime.lr import reduce_options, scale_lr_for
 from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
 
 
-class NotDistributedError(UserError, ValueError):
+class NotDistributedError(UserError):
     """fit runs on several ranks with an optimizer that averages nothing."""
 
 
@@ -77,7 +77,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     ctx = current()
     op, compression = reduce_options(op, compression)
     if is_distributed(optimizer):
-        raise ValueError("optimizer is already distributed: wrap the plain Keras optimizer once")
+        raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
     b = backend()
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
@@ -98,11 +98,11 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         wrapped._hvdkit_op = op       # the learning rate's scaling rule, for a checkpoint resumed on another size
         return wrapped
     if backward_passes_per_step != 1:
-        raise ValueError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
+        raise UserError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
                          f"gradient_accumulation_steps={backward_passes_per_step} instead")
     keras = keras_module(ctx.backend)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}: "
+        raise UserError(f"expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}: "
                         "pass e.g. keras.optimizers.SGD(...)")
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
             optimizer, keras.optimizers.LossScaleOptimizer):
@@ -249,7 +249,7 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
     """
     current()
     if not model.built or not model.variables:
-        raise ValueError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
+        raise UserError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
                          "or call it on one batch) before broadcast_state/fit")
     broadcast_variables(backend(), named_variables(model, optimizer), root_rank)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_sum, backend_for
 
@@ -44,7 +45,7 @@ def layer_class(mode: str):
 
         def __init__(self, **kwargs):
             if kwargs.pop("synchronized", False):
-                raise ValueError("synchronized=True is tf.distribute's; hvdkit.keras.SyncBatchNormalization "
+                raise UserError("synchronized=True is tf.distribute's; hvdkit.keras.SyncBatchNormalization "
                                  "always synchronizes across Horovod ranks: drop the argument")
             super().__init__(**kwargs)
 

@@ -41,7 +41,7 @@ def is_this_machine(name: str) -> bool:
     return name in LOCAL_NAMES or name in (me, me.split(".")[0])
 
 
-class HostSpecError(UserError, ValueError):
+class HostSpecError(UserError):
     """A malformed host list; the message names where (file:line or the -H item) and the fix."""
 
 

@@ -129,7 +129,7 @@ class CheckpointDir:
     def __init__(self, directory: str | os.PathLike, suffix: str, prefix: str = "ckpt", keep_last: int | None = None,
                  verify: Callable[[str], Any] | None = None):
         if keep_last is not None and keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}: keep at least the newest checkpoint")
+            raise CheckpointError(f"keep_last must be >= 1, got {keep_last}: keep at least the newest checkpoint")
         self.directory = os.fspath(directory)
         self.prefix, self.suffix, self.keep_last = prefix, suffix, keep_last
         self.verify = verify            # the adapter's read-and-verify: raises on a damaged checkpoint
@@ -225,11 +225,11 @@ class CheckpointDir:
                 return Selection(path, payload, skipped)
             skipped.append((path, reason))
         if not skipped:
-            raise FileNotFoundError(f"no checkpoints in {self.directory!r}: check the directory, or start "
-                                    "without --resume")
+            raise CheckpointError(f"no checkpoints in {self.directory!r}: check the directory, or start "
+                                  "without --resume")
         detail = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
-        raise ValueError(f"no usable checkpoint in {self.directory!r} ({detail}): restore one from a backup "
-                         "or start without --resume")
+        raise CheckpointError(f"no usable checkpoint in {self.directory!r} ({detail}): restore one from a "
+                              "backup or start without --resume")
 
 
 def unreadable(path: str, exc: BaseException) -> CheckpointError:
@@ -293,10 +293,7 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
     """
     path = os.fspath(path)
     if is_directory_target(path):
-        try:
-            chosen = CheckpointDir(path, suffix).select(read)
-        except (FileNotFoundError, ValueError) as exc:
-            raise CheckpointError(str(exc)) from None
+        chosen = CheckpointDir(path, suffix).select(read)
         return chosen.path, chosen.payload
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")

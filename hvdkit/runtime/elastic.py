@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
 from hvdkit.runtime.lr import scale_lr_for
 
@@ -49,7 +50,7 @@ class ElasticCommits:
 
     def _init_commits(self, commit_every: int, base_lr) -> None:
         if commit_every < 1:
-            raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+            raise UserError(f"commit_every must be >= 1, got {commit_every}")
         self._commit_every = commit_every
         self._commit_callbacks: list[Callable] = []
         self._base_lr = base_lr

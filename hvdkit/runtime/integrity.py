@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from hvdkit.common.errors import UserError
+
 DIGEST_KEY = "integrity"
 ALGORITHM = "sha256-content/1"
 
@@ -95,6 +97,6 @@ def _feed(h, obj: Any, tensor_bytes: TensorBytes) -> None:
         # address in it would never verify after loading, so refuse it now, at save time.
         text = f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!r}"
         if re.search(r" at 0x[0-9a-fA-F]+", text):
-            raise TypeError(f"cannot checksum a {type(obj).__qualname__} in a checkpoint (its repr is {obj!r}): store "
+            raise UserError(f"cannot checksum a {type(obj).__qualname__} in a checkpoint (its repr is {obj!r}): store "
                             "plain numbers, strings, lists, dicts or tensors (e.g. its state_dict())")
         h.update(b"O" + struct.pack("<Q", len(text)) + text.encode())

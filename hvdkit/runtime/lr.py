@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from hvdkit.common.errors import UserError
 from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.topology import Topology
 
@@ -25,7 +26,7 @@ def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
     op_l, compression_l = str(op).lower(), str(compression).lower()
     if op_l not in REDUCE_OPS or compression_l not in COMPRESSIONS:
         what = f"unknown op {op!r}" if op_l not in REDUCE_OPS else f"unknown compression {compression!r}"
-        raise ValueError(f"{what}: op is one of {', '.join(REDUCE_OPS)}, compression one of {', '.join(COMPRESSIONS)}")
+        raise UserError(f"{what}: op is one of {', '.join(REDUCE_OPS)}, compression one of {', '.join(COMPRESSIONS)}")
     return op_l, compression_l
 
 
@@ -38,9 +39,9 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
     which share a node-local NCCL reduction) on GPU, and not at all on CPU.
     """
     if base_lr <= 0:
-        raise ValueError(f"base_lr must be positive, got {base_lr}: pass the single-worker learning rate")
+        raise UserError(f"base_lr must be positive, got {base_lr}: pass the single-worker learning rate")
     if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}: call init() before scale_lr()")
+        raise UserError(f"size must be >= 1, got {size}: call init() before scale_lr()")
     op, _ = reduce_options(op)
     if op == "average":
         return base_lr * size
@@ -51,7 +52,7 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
         if not on_gpu:
             return base_lr
         if local_size is None:
-            raise ValueError("op='adasum' on GPU needs local_size: pass hvd.local_size()")
+            raise UserError("op='adasum' on GPU needs local_size: pass hvd.local_size()")
         return base_lr * local_size
     raise AssertionError(op)   # reduce_options admits only the three
 
@@ -79,17 +80,17 @@ def warmup_steps(warmup_steps: int | None = None, warmup_epochs: float | None = 
                  steps_per_epoch: int | None = None) -> int:
     """Warmup length in optimizer steps, given in steps or in epochs (then ``steps_per_epoch`` is needed)."""
     if warmup_steps is not None and warmup_epochs is not None:
-        raise ValueError("give warmup_steps or warmup_epochs, not both")
+        raise UserError("give warmup_steps or warmup_epochs, not both")
     if warmup_epochs is not None:
         if warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs}")
+            raise UserError(f"warmup_epochs must be >= 0, got {warmup_epochs}")
         if not steps_per_epoch or steps_per_epoch < 1:
-            raise ValueError("warmup_epochs needs steps_per_epoch (e.g. len(train_loader)) to count steps")
+            raise UserError("warmup_epochs needs steps_per_epoch (e.g. len(train_loader)) to count steps")
         return int(warmup_epochs * steps_per_epoch)
     if warmup_steps is None:
         return 0
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
     return int(warmup_steps)
 
 
@@ -100,7 +101,7 @@ def warmup_lr(step: int, warmup_steps: int, base_lr: float, target_lr: float) ->
     jumping at epoch boundaries (Goyal et al. ramp per iteration).
     """
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if warmup_steps == 0 or step >= warmup_steps:
         return target_lr
     return base_lr + (target_lr - base_lr) * step / warmup_steps
@@ -123,7 +124,7 @@ def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scal
     rates as they are. ``on_resize="error"`` refuses another size instead.
     """
     if on_resize not in RESIZE_CHOICES:
-        raise ValueError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
+        raise UserError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
     if on_resize == "error" and saved_size is not None and saved_size != size:
         raise CheckpointError(f"{path} was written by a job of {saved_size} ranks and this one has {size}: run on "
                               f"{saved_size} ranks, or load with on_resize='rescale' to continue with the learning "

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hvdkit.common.errors import UserError
 
-class NonFiniteGradientError(FloatingPointError):
+
+class NonFiniteGradientError(UserError):
     """The averaged gradient holds NaN or inf; the message names the rank that produced it."""
 
 

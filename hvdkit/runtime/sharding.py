@@ -29,7 +29,7 @@ def shard_indices(length: int, rank: int, size: int, *, drop_remainder: bool = F
     epoch); ``drop_remainder=True`` leaves the last ``length % size`` rows out instead.
     """
     if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+        raise UserError(f"rank {rank} is outside 0..{size - 1}")
     if length < 1 or (drop_remainder and length < size):
         raise UserError(f"{length} rows cannot be split over {size} ranks"
                         f"{' with drop_remainder=True' if drop_remainder else ''}: give at least {size} rows")
@@ -76,7 +76,7 @@ def shard_together(arrays: tuple, rank: int, size: int, *, drop_remainder: bool 
     """
     lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
-        raise ValueError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
+        raise UserError(f"arrays have different lengths {sorted(lengths)}: pass x and y of the same samples")
     shards = tuple(take(a, rank, size, drop_remainder=drop_remainder) for a in arrays)
     return shards if len(shards) > 1 else shards[0]
 
@@ -99,9 +99,9 @@ def resume_indices(order: Sequence[int], start: int, rank: int, size: int, *, dr
         resume_indices(list(range(10)), start=6, rank=0, size=3)   # [6, 9]: rows 6-9 and 0 as padding, dealt 3 ways
     """
     if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+        raise UserError(f"rank {rank} is outside 0..{size - 1}")
     if start < 0:
-        raise ValueError(f"start {start} is negative")
+        raise UserError(f"start {start} is negative")
     rest = list(order[start:])
     if drop_last:
         rest = rest[:len(rest) // size * size]

@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hvdkit.common.errors import UserError
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -55,7 +57,7 @@ def share_of_cores(local_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(local_size, 1))
 
 
-class NoGPUError(RuntimeError):
+class NoGPUError(UserError):
     """This rank has no GPU of its own: more ranks than GPUs, ranks sharing one, or GPUs that CUDA cannot use."""
 
 

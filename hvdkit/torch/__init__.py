@@ -15,8 +15,10 @@ The same names as :mod:`hvdkit.keras` where both have the thing; docs/API.md lis
 
 from hvdkit.backends.torch import hvd
 from hvdkit.common.console import get_logger, progress
+from hvdkit.common.errors import UserError
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE
 from hvdkit.runtime.metrics import metric_average
-from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE, PreemptionGuard
+from hvdkit.runtime.preemption import PreemptionGuard
 from hvdkit.torch import elastic
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
@@ -37,7 +39,7 @@ SyncBatchNorm = hvd.SyncBatchNorm
 
 __all__ = [
     "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm",
+    "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm", "UserError",
     "allreduce_sum", "broadcast_state", "check_checkpoint_path", "current", "distributed_loader", "elastic",
     "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "report_stragglers",

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdkit.backends.torch import hvd
+from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
 from hvdkit.runtime.datacheck import same_everywhere
 from hvdkit.runtime.integrity import content_digest
@@ -69,10 +70,10 @@ class ResumableDistributedSampler(DistributedSampler):
         """Start ``epoch`` after ``start_sample`` of its samples (all ranks together), or ``start_batch`` a rank."""
         super().set_epoch(epoch)
         if start_sample is not None and start_batch:
-            raise ValueError("give start_batch or start_sample, not both")
+            raise UserError("give start_batch or start_sample, not both")
         self.start_sample = start_batch * self.batch_size * self.num_replicas if start_sample is None else start_sample
         if self.start_sample < 0:
-            raise ValueError(f"start_sample must be >= 0, got {self.start_sample}")
+            raise UserError(f"start_sample must be >= 0, got {self.start_sample}")
         self._passes_since_set_epoch = 0
         self._set_epoch_called = True
 

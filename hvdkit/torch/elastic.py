@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hvdkit.backends.torch import hvd
+from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.context import current
 
@@ -65,7 +66,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
                  step: int = 0, sampler=None, **kwargs):
         current()
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
-            raise TypeError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
+            raise UserError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):

@@ -16,6 +16,7 @@ import time
 import torch
 
 from hvdkit.backends.torch import hvd
+from hvdkit.common.errors import UserError
 from hvdkit.runtime import context, state
 from hvdkit.runtime.lr import reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
@@ -52,28 +53,28 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     """
     ctx = current()
     if _is_wrapped(optimizer):
-        raise ValueError("optimizer is already a Horovod DistributedOptimizer: wrap the plain torch optimizer once")
+        raise UserError("optimizer is already a Horovod DistributedOptimizer: wrap the plain torch optimizer once")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}: "
+        raise UserError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}: "
                         "create the optimizer first, then pass it to DistributedOptimizer(optimizer, model)")
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
+        raise UserError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
                         "call DistributedOptimizer(optimizer, model)")
     model = plain_module(model)             # the same names whether compiled or not
     op, compression = reduce_options(op, compression)
     if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
 
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
             if id(p) not in names:
-                raise ValueError(
+                raise UserError(
                     f"the optimizer updates a parameter of shape {tuple(p.shape)} that is not in the model: "
                     "build the optimizer from this model's parameters (after model.to(device)) and pass the same model"
                 )
             if p.device.type != ctx.device.type or (p.device.index or 0) != (ctx.device.index or 0):
-                raise ValueError(
+                raise UserError(
                     f"parameter {names[id(p)]!r} is on {p.device} but this rank's device is {ctx.device}: "
                     "call model.to(ctx.device) before creating the optimizer"
                 )

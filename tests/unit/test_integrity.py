@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 
+from hvdkit.common.errors import UserError
 from hvdkit.runtime.integrity import DIGEST_KEY, check_digest, content_digest
 
 pytestmark = pytest.mark.unit
@@ -60,5 +61,5 @@ def test_sets_and_numpy_scalars_verify_after_a_round_trip():
 
 
 def test_a_value_whose_repr_holds_an_address_is_refused_at_save():
-    with pytest.raises(TypeError, match="cannot checksum a object in a checkpoint"):
+    with pytest.raises(UserError, match="cannot checksum a object in a checkpoint"):
         content_digest({"x": object()})

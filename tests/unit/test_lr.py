@@ -1,5 +1,6 @@
 import pytest
 
+from hvdkit.common.errors import UserError
 from hvdkit.runtime.lr import reduce_options, scale_lr, warmup_lr, warmup_steps
 
 pytestmark = pytest.mark.unit
@@ -17,7 +18,7 @@ def test_sum_op_does_not_scale():
 def test_adasum_scales_by_local_size_on_gpu_only():
     assert scale_lr(0.01, 16, op="adasum", local_size=4, on_gpu=True) == pytest.approx(0.04)
     assert scale_lr(0.01, 16, op="adasum", local_size=4, on_gpu=False) == pytest.approx(0.01)
-    with pytest.raises(ValueError, match="local_size"):
+    with pytest.raises(UserError, match="local_size"):
         scale_lr(0.01, 16, op="adasum", on_gpu=True)
 
 
@@ -27,7 +28,7 @@ def test_adasum_scales_by_local_size_on_gpu_only():
     (dict(base_lr=0.1, size=2, op="max"), "unknown op"),
 ])
 def test_bad_input_names_the_fix(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         scale_lr(**kwargs)
 
 
@@ -35,22 +36,22 @@ def test_warmup_ramps_linearly_per_step_then_holds():
     values = [warmup_lr(s, 4, 0.1, 0.5) for s in range(7)]
     assert values == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5])
     assert warmup_lr(3, 0, 0.1, 0.5) == 0.5
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError):
         warmup_lr(0, -1, 0.1, 0.5)
 
 
 def test_both_adapters_options_are_checked_once_in_any_case():
     assert reduce_options("Average", "FP16") == ("average", "fp16")
-    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+    with pytest.raises(UserError, match="unknown compression 'zip'"):
         reduce_options("sum", "zip")
 
 
 def test_warmup_length_in_steps_or_epochs():
     assert warmup_steps(warmup_steps=30) == 30 and warmup_steps() == 0
     assert warmup_steps(warmup_epochs=2.5, steps_per_epoch=10) == 25
-    with pytest.raises(ValueError, match="steps_per_epoch"):
+    with pytest.raises(UserError, match="steps_per_epoch"):
         warmup_steps(warmup_epochs=1)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(UserError, match="not both"):
         warmup_steps(warmup_steps=1, warmup_epochs=1, steps_per_epoch=3)
 
 
@@ -67,5 +68,5 @@ def test_a_checkpoint_of_another_size_resumes_at_scale_lrs_rate():
         with pytest.raises(CheckpointError, match="written by a job of 2 ranks and this one has 3: run on 2 ranks, "
                                                   "or load with on_resize='rescale'"):
             resume_lr_factor(saved_scale, 2, 3.0, 3, on_resize="error")
-    with pytest.raises(ValueError, match="on_resize='never'"):
+    with pytest.raises(UserError, match="on_resize='never'"):
         resume_lr_factor(2.0, 2, 3.0, 3, on_resize="never")

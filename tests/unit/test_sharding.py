@@ -55,7 +55,7 @@ def test_arrays_are_sharded_together_and_must_have_the_same_length():
     xs, ys = shard_together((x, y), 2, 4)
     assert list(ys) == [2 * v for v in xs] and len(xs) == 3
     assert list(shard_together((x,), 2, 4)) == list(xs)
-    with pytest.raises(ValueError, match=r"arrays have different lengths \[9, 10\]"):
+    with pytest.raises(UserError, match=r"arrays have different lengths \[9, 10\]"):
         shard_together((x, y[:9]), 0, 2)
 
 

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 
 from rank_results import write_result
 
+from hvdkit.common.errors import UserError
+
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--framework", choices=["torch", "keras-torch", "keras-tensorflow"], required=True)
@@ -117,6 +119,6 @@ try:
         from keras.src.backend.torch.core import get_device
 
         result["keras_device"] = str(get_device())
-except RuntimeError as exc:
+except (RuntimeError, UserError) as exc:      # NoGPUError is a UserError; torch raises RuntimeError
     result = {"error": str(exc), "calls": calls}
 write_result(args.out, rank, result)

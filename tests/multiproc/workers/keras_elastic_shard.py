@@ -46,7 +46,7 @@ fit(xs, ys)
 result["full_commits"] = list(commits)
 try:
     state.shard(x, y)
-except ValueError as exc:
+except hk.UserError as exc:
     result["exhausted"] = str(exc)
 state.epoch_done()
 result["after_full_epoch"] = list(commits)

@@ -61,7 +61,7 @@ elif args.task == "warmup_unsized":                   # tf.data of unknown lengt
     data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
     try:
         model.fit(data, epochs=1, verbose=0, callbacks=hk.callbacks(warmup_epochs=1))
-    except ValueError as e:
+    except hk.UserError as e:
         result["error"] = str(e)
     lrs = []
 

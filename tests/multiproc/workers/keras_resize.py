@@ -54,7 +54,7 @@ if args.phase == "misuse":
         try:
             model.fit(batches, epochs=2, verbose=0, shuffle=case == "shuffled", callbacks=hk.callbacks())
             errors.append(None)
-        except ValueError as exc:
+        except hk.UserError as exc:
             errors.append(str(exc))
     batches.set_epoch(0)
     orders = []

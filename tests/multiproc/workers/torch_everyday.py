@@ -76,7 +76,7 @@ try:
             loss.backward()
             optimizer.step()
             steps += 1
-except FloatingPointError as exc:
+except hk.UserError as exc:
     result["error"] = f"{type(exc).__name__}: {exc}"
 result.update(steps=steps, warnings=warnings,
               finite=all(bool(torch.isfinite(q).all()) for q in model.parameters()))
