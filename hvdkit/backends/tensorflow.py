@@ -52,13 +52,14 @@ class TensorFlowBackend(Backend):
         gpu = pin_gpu(view, gather, pin, pin_first=True)
         return gpu, "/CPU:0" if gpu is None else "/GPU:0"     # the only GPU TensorFlow now sees
 
-    def set_threads(self, threads: int) -> None:
+    def set_threads(self, threads: int) -> bool:
         if tf.config.threading.get_intra_op_parallelism_threads() != threads:
             # Settable only before TensorFlow's runtime starts; the caller may already have used TF.
             try:
                 tf.config.threading.set_intra_op_parallelism_threads(threads)
             except RuntimeError:
-                pass
+                return False
+        return True
 
     def seed(self, value: int) -> None:
         tf.random.set_seed(value)

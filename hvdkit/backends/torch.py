@@ -38,8 +38,9 @@ class TorchBackend(Backend):
         gpu = pin_gpu(view, lambda v: self.allgather_object(v, name="hvdkit.gpus"), torch.cuda.set_device)
         return gpu, torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
-    def set_threads(self, threads: int) -> None:
+    def set_threads(self, threads: int) -> bool:
         torch.set_num_threads(threads)
+        return True
 
     def seed(self, value: int) -> None:
         torch.manual_seed(value)

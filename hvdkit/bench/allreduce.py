@@ -23,7 +23,7 @@ import torch
 
 from hvdkit.bench.catalog import Implementation, every_implementation, implementation
 from hvdkit.bench.models import resnet50_shapes
-from hvdkit.bench.results import cuda_index, emit, launcher_world, machine
+from hvdkit.bench.results import emit, launcher_world, machine, pin_cuda
 
 
 def iterations(nbytes: int) -> int:
@@ -71,9 +71,8 @@ class HorovodComm(Comm):
 
             hvd.init()
             torch.set_num_threads(1)  # what Horovod's own examples do on CPU
-            if torch.cuda.is_available():
-                gpu = cuda_index(hvd.local_rank(), torch.cuda.device_count())
-                torch.cuda.set_device(gpu)
+            gpu = pin_cuda(hvd.local_rank(), torch.cuda)
+            if gpu is not None:
                 self.device = torch.device("cuda", gpu)
         self.hvd, self.name, self.rank, self.size = hvd, impl.name, hvd.rank(), hvd.size()
         self.controller = "mpi" if hvd.mpi_enabled() and not hvd.gloo_enabled() else "gloo"
@@ -101,9 +100,8 @@ class TorchComm(Comm):
         env = os.environ
         self.rank, self.size, local_rank = launcher_world()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            gpu = cuda_index(local_rank, torch.cuda.device_count())
-            torch.cuda.set_device(gpu)
+        gpu = pin_cuda(local_rank, torch.cuda)
+        if gpu is not None:
             self.device = torch.device("cuda", gpu)
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",

@@ -65,6 +65,16 @@ def cuda_index(local_rank: int, visible: int) -> int:
     return local_rank if local_rank < visible else 0
 
 
+
+def pin_cuda(local_rank: int, cuda) -> int | None:
+    """Pin a baseline to the GPU :func:`cuda_index` picks (``cuda`` is ``torch.cuda``); its index, or None
+    without CUDA (the CPU)."""
+    if not cuda.is_available():
+        return None
+    gpu = cuda_index(local_rank, cuda.device_count())
+    cuda.set_device(gpu)
+    return gpu
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

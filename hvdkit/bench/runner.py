@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import random
 import shlex
-import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from dataclasses import dataclass, field
 from hvdkit.bench.catalog import MODELS, Implementation, check_models, implementations
 from hvdkit.bench.results import collect
 from hvdkit.common.console import progress
+from hvdkit.common.procs import TIMED_OUT, run_bounded
 from hvdkit.ops.hosts import LOCAL_NAMES
 from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
 from hvdkit.runtime.topology import share_of_cores
@@ -160,17 +159,10 @@ def run_launches(launches: list[BenchLaunch], timeout_s: float, desc: str = "ben
     for launch in progress(launches, rank=0, desc=desc):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"), **launch.env)
         start = time.monotonic()
-        # stdout and stderr apart: merged, a stderr line can land inside a result line.
-        proc = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        try:
-            output, errors = proc.communicate(timeout=timeout_s)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            # horovodrun and its local ranks share the new session: end them all,
-            # so no rank outlives the bench (remote ranks end with their ssh).
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        # horovodrun and its local ranks share a new session, ended whole on a timeout so no rank outlives the
+        # bench (remote ranks end with their ssh).
+        rc, output, errors = run_bounded(launch.argv, timeout_s, env=env, group=True)
+        if rc == TIMED_OUT:
             failures.append(f"{launch.impl}: no result after {timeout_s:.0f}s (raise --timeout, or check the hosts "
                             f"with 'hvdkit doctor')")
             continue

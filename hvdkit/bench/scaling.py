@@ -20,7 +20,7 @@ Example::
 
     study = json.load(open("docs/bench/scaling.json"))
     result = analyse(study)
-    print(scaling_table(result)); plot_scaling("scaling.png", result)
+    print(scaling_table(result))     # the picture: hvdkit.common.plots.plot_scaling("scaling.png", result)
 """
 
 from __future__ import annotations
@@ -144,55 +144,3 @@ def scaling_table(result: dict) -> str:
     return "\n".join(out)
 
 
-def plot_scaling(path: str, result: dict) -> None:
-    """Exchange time and training step against hosts: measured points, predicted lines; ring and server."""
-    from hvdkit.bench.report import pyplot, save_figure
-
-    plt = pyplot()
-    largest = _largest_case(result["exchanges"])
-    models = sorted({p["model"] for p in result["steps"]})
-    fig, axes = plt.subplots(1, 1 + len(models), figsize=(5.5 * (1 + len(models)), 4.2), squeeze=False)
-    styles = {"hvdkit": ("tab:blue", "o", "ring, hvdkit (launch's controller)"),
-              "horovod-gloo": ("tab:cyan", "s", "ring, Horovod Gloo"),
-              "mpi4py-avg": ("tab:gray", "x", "ring, raw Open MPI (mpi4py-avg)"),
-              "torch": ("tab:green", "D", "ring, torch.distributed (Gloo)"),
-              "ps": ("tab:red", "^", "parameter server")}
-    panels = [(axes[0][0], largest, f"averaging {format_bytes(largest[0]['bytes'])}" if largest else "",
-               "ms per exchange")]
-    panels += [(ax, [p for p in result["steps"] if p["model"] == model], f"{model} training step", "ms per step")
-               for ax, model in zip(axes[0][1:], models)]
-    for ax, points, title, ylabel in panels:
-        for impl, (color, marker, label) in styles.items():
-            pts = sorted((p for p in points if p["impl"] == impl), key=lambda p: p["hosts"])
-            if pts:
-                ax.plot([p["hosts"] for p in pts], [p["measured_s"] * 1e3 for p in pts], marker, color=color,
-                        label=f"{label}, measured")
-        # One predicted line per scheme: the model does not tell the rings apart.
-        for scheme, color, pick in (("ring", "tab:blue", lambda p: p["impl"] != "ps"),
-                                    ("parameter server", "tab:red", lambda p: p["impl"] == "ps")):
-            by_hosts = {p["hosts"]: p["predicted_s"] for p in points if pick(p)}
-            if by_hosts:
-                xs = sorted(by_hosts)
-                ax.plot(xs, [by_hosts[x] * 1e3 for x in xs], "--", color=color, label=f"{scheme}, predicted")
-        ax.set_title(title)
-        ax.set_xlabel("hosts (one worker each)")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    hosts = sorted({p["hosts"] for p in result["exchanges"] + result["steps"]})
-    for ax in axes[0]:
-        ax.set_xticks(hosts)
-        ax.set_ylim(bottom=0)
-    link = f"links shaped to {result['link_mbit']:g} Mbit/s; " if result.get("link_mbit") else ""
-    fig.suptitle(f"ring vs parameter server: {link}dashed: hvdkit plan fitted on {result['calibrated_on']}, "
-                 f"{result['calibration_hosts']} hosts", fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-def _largest_case(exchanges: list[dict]) -> list[dict]:
-    """The points of the largest single-tensor exchange (ResNet-50's gradients when the study had them)."""
-    one = [p for p in exchanges if p["case"] in ("resnet50-one", "sweep")]
-    if not one:
-        return []
-    biggest = max(p["bytes"] for p in one)
-    return [p for p in one if p["bytes"] == biggest]

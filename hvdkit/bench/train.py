@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import time
 from abc import ABC, abstractmethod
@@ -32,7 +31,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hvdkit.bench.catalog import every_implementation, implementation
 from hvdkit.bench.models import MODELS
-from hvdkit.bench.results import cuda_index, emit, launcher_world, machine
+from hvdkit.bench.results import emit, launcher_world, machine, pin_cuda
 
 
 def dataset(model: str, samples: int, image_size: int) -> TensorDataset:
@@ -133,9 +132,8 @@ class HorovodJob(HvdkitJob):
 
         hvd.init()
         torch.manual_seed(0)
-        if torch.cuda.is_available():
-            gpu = cuda_index(hvd.local_rank(), torch.cuda.device_count())
-            torch.cuda.set_device(gpu)
+        gpu = pin_cuda(hvd.local_rank(), torch.cuda)
+        if gpu is not None:
             self.device = torch.device("cuda", gpu)
         self.rank, self.size, self.hvd = hvd.rank(), hvd.size(), hvd
         model = model.to(self.device)
@@ -159,9 +157,8 @@ class DdpJob(Job):
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
         self.rank, self.size, self.controller = dist.get_rank(), dist.get_world_size(), backend
-        if backend == "nccl":
-            gpu = cuda_index(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count())
-            torch.cuda.set_device(gpu)
+        gpu = pin_cuda(launcher_world()[2], torch.cuda)     # torchrun's LOCAL_RANK
+        if gpu is not None:
             self.device = torch.device("cuda", gpu)
         torch.manual_seed(0)
         model = DistributedDataParallel(model.to(self.device))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import statistics
 
-from hvdkit.bench.report import pyplot, save_figure
 from hvdkit.common.console import text_table
 
 PHASES = ("input", "compute", "allreduce", "update")
@@ -67,24 +66,3 @@ def train_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def plot_train(path: str, rows: list[dict], title: str) -> None:
-    """Stacked time split per run, and samples/s per implementation."""
-    plt = pyplot()
-    models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        runs = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["np"], r["impl"]))
-        labels = [f"{r['impl']}\nnp={r['np']}" for r in runs]
-        bottom = [0.0] * len(runs)
-        for phase in PHASES:
-            values = [r[f"{phase}_ms"] for r in runs]
-            ax.bar(labels, values, bottom=bottom, label=phase)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        for x, r in enumerate(runs):
-            ax.text(x, bottom[x], f"{r['samples_per_s']:.0f}/s", ha="center", va="bottom", fontsize=8)
-        ax.set_ylabel("ms per step (median)")
-        ax.set_title(f"{model}: {title}", fontsize=8)
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    save_figure(fig, path)

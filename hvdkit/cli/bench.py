@@ -11,6 +11,7 @@ Parsing and printing only: the launches are planned and run by
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from hvdkit.bench import report
 from hvdkit.bench.catalog import MODELS, every_implementation, implementations
 from hvdkit.bench.runner import AllreduceBench, TrainBench, plan_allreduce, plan_train, run_launches
-from hvdkit.bench.train_report import plot_train, train_rows, train_table
+from hvdkit.bench.train_report import PHASES, train_rows, train_table
 from hvdkit.cli.args import (
     add_host_arguments,
     add_np_argument,
@@ -30,6 +31,7 @@ from hvdkit.cli.args import (
     target_from_args,
 )
 from hvdkit.common.errors import UserError
+from hvdkit.common.plots import plot_allreduce, plot_train
 from hvdkit.common.units import parse_byte_range
 from hvdkit.ops import slurm
 from hvdkit.ops.launch import BuildFlags, LaunchTarget
@@ -213,7 +215,7 @@ def _run_allreduce(config: AllreduceConfig) -> int:
     data = report.results_data("allreduce", payloads, started, skipped, failures, rows, np=target.np,
                                hosts=target.hosts.names, rounds=config.rounds,
                                env={p["impl"]: p.get("env", {}) for p in payloads})
-    return _finish(output, data, title, report.allreduce_table(rows), report.plot_allreduce)
+    return _finish(output, data, title, report.allreduce_table(rows), plot_allreduce)
 
 
 def _run_train(config: TrainConfig) -> int:
@@ -229,7 +231,8 @@ def _run_train(config: TrainConfig) -> int:
     machine = report.machine_line(payloads[0]) if payloads else "?"
     data = report.results_data("train", payloads, started, skipped, failures, rows,
                                np=[t.np for t in config.targets])
-    return _finish(output, data, f"training step; {machine}", train_table(rows), plot_train)
+    return _finish(output, data, f"training step; {machine}", train_table(rows),
+                   functools.partial(plot_train, phases=PHASES))
 
 
 def _print_launches(launches) -> int:

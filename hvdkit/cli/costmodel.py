@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass
 
 from hvdkit.bench.calibrate import calibrate_network, train_compute
-from hvdkit.bench.report import plot_cost_model
 from hvdkit.common.argtypes import non_negative_float, positive_float
 from hvdkit.common.console import text_table
 from hvdkit.common.errors import UserError
+from hvdkit.common.plots import plot_cost_model
 from hvdkit.common.units import format_bytes, parse_count
 from hvdkit.ops.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
 

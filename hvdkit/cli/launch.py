@@ -245,20 +245,7 @@ def _watch_workers(proc: subprocess.Popen, slots: dict[int, tuple[str, int]], ev
         return
 
 
-# Waits for EOF on stdin (this hvdkit process ended, however it ended), then sends SIGTERM to the job's
-# process group. A pre-exec PR_SET_PDEATHSIG reaches only horovodrun's own process, which under --mpi is a
-# shell whose mpirun then trained on (tests/multiproc/test_fail_fast.py).
-_GUARD = """
-import os, signal, sys
-sys.stdin.buffer.read()
-try:
-    os.killpg(int(sys.argv[1]), signal.SIGTERM)
-except ProcessLookupError:
-    pass
-"""
-
-
 def _guard_group(pgid: int) -> subprocess.Popen:
-    """A process that stops the job's process group ``pgid`` when hvdkit launch goes away."""
-    return subprocess.Popen([sys.executable, "-c", _GUARD, str(pgid)], stdin=subprocess.PIPE,
+    """A process that stops the job's process group ``pgid`` when hvdkit launch goes away (ops/job_guard.py)."""
+    return subprocess.Popen([sys.executable, "-m", "hvdkit.ops.job_guard", str(pgid)], stdin=subprocess.PIPE,
                             start_new_session=True)

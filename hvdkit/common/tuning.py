@@ -23,61 +23,18 @@ import re
 
 from hvdkit.common.errors import UserError
 
-# The numbers below are docs/BENCHMARKS.md's Tuning table: the sixth session's runs, and issue 26's
-# (raw files in docs/bench/fusion/ and docs/bench/cycle/).
-# Cycle time on CPU under MPI: 0.1 ms (Horovod's default, 1 ms, under Gloo
-# and on GPU). Horovod's background thread wakes every cycle to agree with
-# the other ranks on which tensors are ready, so a tensor waits up to a cycle
-# before it is reduced. hvdkit used to set 2 ms on CPU: before the MPI yield
-# below, a shorter cycle meant more spinning on the cores backward needs
-# (mnist step, 2 processes, MPI: 0.1 ms 38.8 and 50.4 ms, 1 ms 34.4-38.1,
-# 2 ms 26.7-32.5). With the yield on, the step does not depend on the cycle
-# and the allreduce does. Measured twice, on two machines of the 2-core kind:
-# - sixth session (AMD EPYC; medians of 3-8 runs): mnist 21.8 / 24.0 ms and
-#   ResNet-50 782 / 823 ms at 0.1 / 1 ms; bus bandwidth at 16 MiB as a share
-#   of mpi4py's in the same launch 86% / 67%;
-# - issue 26's last session (Intel Xeon, 3 rounds of 5): at 0.1 / 0.2 /
-#   0.5 / 1 ms, 16 MiB at 100% / 96% / 88% / 75% of mpi4py-avg, 64 MiB at
-#   97% / - / 101% / 96%; ResNet-50's 161 gradients 41.3 / - / 39.7 / 40.0 ms
-#   against mpi4py-avg's 36.9 / - / 36.5 / 37.1. Training step (hvdkit bench
-#   train -np 2, interleaved runs): mnist 13.7, 13.4 ms at 0.1 against 13.5,
-#   15.2, 13.8 at 1 ms; ResNet-50 539.2, 534.4 against 548.2, 543.8, 551.5.
-# Under Gloo a short cycle costs: the Gloo background thread's idle CPU went
-# from 5% of a core to 30-35% at 0.1 ms, and the digits example
-# (horovodrun -np 2 --gloo) from 11.9, 12.0 s to 13.7, 13.7 s (13.7, 13.0 s
-# at 0.2 ms). MPI's idle rank spins at 100% either way (the yield makes it
-# give way), and the example took 10.8, 10.9 s at 1 ms and 10.6, 11.1 s at
-# 0.1. So 0.1 ms with MPI on one host, Horovod's 1 ms with Gloo. Across hosts
-# the cycle's negotiation crosses the network every 0.1 ms, which was not
-# measured (the scaling study ran at 1 ms), so multi-host jobs keep 1 ms.
-
-# MPI's idle policy. Open MPI spins while it waits for a peer (in the
-# negotiation every cycle and inside each allreduce), and yields the core only
-# when it believes the node is oversubscribed. On CPU it is, in effect:
-# Horovod's background thread shares the cores with the training threads.
-# Measured (ResNet-50, 64x64, batch 16, 2 processes on 2 cores, MPI, per-thread
-# CPU time from /proc over 24 steps): Horovod's background thread burned
-# 6.7-10.8 s of CPU per process with the default and 1.7-3.0 s with
-# mpi_yield_when_idle=1, and the step took 965-1160 ms against 716-871 ms
-# (DistributedDataParallel: 784 ms in the same session). Open MPI reads the
-# variable at MPI_Init, which hvd.init() calls after this is set. It does not
-# touch Gloo. On GPU hosts cores are spare, so it is left alone there.
-#
-# Fusion threshold on CPU: 1 MiB (Horovod's default, 128 MiB, on GPU). With
-# 128 MiB, ResNet-50's 161 gradients (97.5 MiB) are copied into one buffer,
-# reduced, and copied out: three passes over memory far larger than the
-# caches. In 1 MiB pieces each piece is copied, reduced and copied back while
-# it is still in cache. Measured (2 processes, MPI, medians of 3 rounds of 5,
-# the tuning session of issue 26): the 161 tensors took 106.2 ms against
-# 55.8 ms for mpi4py reducing them one by one and scaling (1.90x) at 128 MiB,
-# and 45.2 ms against 45.3 ms (1.00x) at 1 MiB; one 16 / 64 MiB tensor was not
-# slower (104% / 90% of mpi4py-avg's bandwidth at 1 MiB, 73% / 91% at 128 MiB).
-# Under MPI only: Gloo's one-host and multi-host runs used Horovod's 128 MiB,
-# and Horovod's Gloo ring pays a cost per operation (docs/BENCHMARKS.md,
-# Across hosts) that 1 MiB pieces would multiply.
-# On GPUs Horovod's default stays: NCCL is tuned for large buffers (not measured here: no GPU was lent).
-# The training step: see docs/BENCHMARKS.md's Tuning table.
-#
+# Why each default, in short (the measurements, with machines, runs and raw files, are docs/BENCHMARKS.md's
+# Tuning table and docs/bench/cycle/, docs/bench/fusion/):
+# - HOROVOD_CYCLE_TIME 0.1 ms under MPI on one host: the allreduce gains (16 MiB 75% -> 100% of mpi4py-avg's
+#   bandwidth) and, with the yield below, the step does not lose. Under Gloo a short cycle costs the background
+#   thread CPU, and across hosts 0.2 ms did not clearly beat 1 ms, so both keep Horovod's 1 ms.
+# - OMPI_MCA_mpi_yield_when_idle=1 on CPU: Open MPI spins while it waits and Horovod's background thread shares the
+#   cores with the training threads (ResNet-50 step 965-1160 ms spinning, 716-871 ms yielding). Not on GPU hosts.
+# - HOROVOD_FUSION_THRESHOLD 1 MiB on CPU under MPI: pieces that stay in cache (ResNet-50's 161 gradients 1.90x
+#   mpi4py's time at Horovod's 128 MiB, 1.00x at 1 MiB). Gloo's ring pays a cost per operation that small pieces
+#   would multiply, and NCCL is tuned for large buffers, so both keep Horovod's.
+# - HOROVOD_BLOCKING_WAIT=1 on CPU across hosts (patch item 11): a rank waiting on the network sleeps instead of
+#   spinning on sched_yield, which took a core from the threads moving its data (3 hosts, 64 MiB: 1802 -> 1510 ms).
 # Controller: see hvdkit.ops.launch.choose_controller (MPI on one host or with NCCL, Gloo across CPU hosts).
 # Threads: see hvdkit.runtime.topology.cpu_threads_per_rank (cores / local ranks).
 

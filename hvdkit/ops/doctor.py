@@ -23,10 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from hvdkit.common.console import text_table
+from hvdkit.common.procs import run_bounded
 from hvdkit.ops.envreport import EnvReport, collect
 from hvdkit.ops.hosts import HostSpec, is_this_machine
 from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
-from hvdkit.ops.remote import SSH_CONNECT_TIMEOUT_S, last_line, run_bounded, ssh_argv, ssh_fix_hint
+from hvdkit.ops.remote import SSH_CONNECT_TIMEOUT_S, last_line, ssh_argv, ssh_fix_hint
 
 REMOTE_TIMEOUT_S = 60
 ALLREDUCE_TIMEOUT_S = 90
@@ -192,7 +193,7 @@ def cross_host_allreduce(cfg: DoctorConfig, interface: str | None, build: BuildF
     plan = plan_launch(launch, build or BuildFlags.detect())
     argv = list(plan.argv)
     start = time.time()
-    rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S)
+    rc, out, err = run_bounded(argv, ALLREDUCE_TIMEOUT_S, group=True)   # a hung job's ranks end with it
     ranks = selfcheck_results(out)
     ok = rc == 0 and sorted(ranks) == list(range(target.np)) and all(good for _, good in ranks.values())
     hosts = sorted({host for host, _ in ranks.values()})

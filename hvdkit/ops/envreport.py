@@ -20,11 +20,11 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 
 import hvdkit
+from hvdkit.common.procs import NOT_FOUND, TIMED_OUT, run_bounded
 from hvdkit.common.tuning import horovod_setting_errors
 
 # Report name -> distributions that provide it (first installed one wins).
@@ -115,11 +115,10 @@ def mpi_version() -> str | None:
     """First line of ``mpirun --version`` (e.g. "mpirun (Open MPI) 4.1.4"), None without MPI."""
     if shutil.which("mpirun") is None:
         return None
-    try:
-        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
+    rc, out, err = run_bounded(["mpirun", "--version"], timeout=20)
+    if rc in (TIMED_OUT, NOT_FOUND):
         return None
-    lines = (out.stdout or out.stderr).strip().splitlines()
+    lines = (out or err).strip().splitlines()
     return lines[0] if lines else None
 
 
@@ -127,14 +126,11 @@ def gpu_names() -> list[str]:
     """One "index: name (driver X)" line per GPU via nvidia-smi; empty on CPU hosts."""
     if shutil.which("nvidia-smi") is None:
         return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    rc, out, _ = run_bounded(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+                             timeout=20)
+    if rc in (TIMED_OUT, NOT_FOUND):
         return []
-    rows = [r.split(", ") for r in out.stdout.strip().splitlines() if r.strip()]
+    rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
     return [f"{r[0]}: {r[1]} (driver {r[2]})" for r in rows if len(r) == 3]
 
 
@@ -161,17 +157,13 @@ def parse_probe(payload: dict) -> tuple[HorovodBuild | None, str | None]:
 
 def probe_horovod(python: str = sys.executable) -> tuple[HorovodBuild | None, str | None]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    try:
-        out = subprocess.run(
-            [python, "-m", "hvdkit.ops.horovod_probe"],
-            capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
-        )
-    except subprocess.TimeoutExpired:
+    rc, out, err = run_bounded([python, "-m", "hvdkit.ops.horovod_probe"], timeout=PROBE_TIMEOUT_S, env=env)
+    if rc == TIMED_OUT:
         return None, f"probing horovod took over {PROBE_TIMEOUT_S}s"
     try:
-        return parse_probe(json.loads(out.stdout))
+        return parse_probe(json.loads(out))
     except json.JSONDecodeError:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         return None, f"horovod probe failed: {tail}"
 
 

@@ -16,11 +16,11 @@ import sys
 
 from hvdkit.ops.cuda_arches import fatbin_arches
 
-# Frameworks Horovod can be built for, with the extension library each loads.
+# The frameworks hvdkit builds Horovod for, with the extension library each loads (torch first: it imports
+# faster than TensorFlow, and any one answers for the controllers and operations).
 EXTENSIONS = {
-    "tensorflow": ("horovod.tensorflow", "mpi_lib"),
     "torch": ("horovod.torch", "mpi_lib_v2"),
-    "mxnet": ("horovod.mxnet", "mpi_lib"),
+    "tensorflow": ("horovod.tensorflow", "mpi_lib"),
 }
 
 
@@ -40,7 +40,7 @@ def probe() -> dict:
     result = {"installed": True, "version": horovod.__version__, "frameworks": frameworks}
     # Controllers and tensor operations are compiled into every extension
     # alike; ask the lightest one that exists (torch imports faster than TF).
-    for name in ("torch", "tensorflow", "mxnet"):
+    for name in EXTENSIONS:
         if not frameworks[name]:
             continue
         try:
@@ -64,7 +64,7 @@ def probe() -> dict:
     if result.get("cuda_built"):
         # Any framework's library carries the same kernels; the first one built answers.
         built = [get_extension_full_path(os.path.join(root, EXTENSIONS[n][0].split(".")[1], "x.py"), EXTENSIONS[n][1])
-                 for n in ("torch", "tensorflow", "mxnet") if frameworks[n]]
+                 for n in EXTENSIONS if frameworks[n]]
         try:
             arches = fatbin_arches(built[0])
             if arches is not None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import hvdkit
 from hvdkit.common.errors import UserError
+from hvdkit.common.procs import run_bounded
 from hvdkit.ops.hosts import HostSpec, is_this_machine, parse_discovery_output
 
 SSH_CONNECT_TIMEOUT_S = 5
@@ -42,17 +42,6 @@ def ssh_argv(host: str, remote_command: str, port: int | None, identity: str | N
     if identity:
         argv += ["-i", identity]
     return argv + [host, remote_command]
-
-
-def run_bounded(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr); 124 when ``timeout`` passed, 127 when the program is missing."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        return out.returncode, out.stdout, out.stderr
-    except subprocess.TimeoutExpired:
-        return 124, "", f"no answer within {timeout:.0f}s"
-    except FileNotFoundError as exc:
-        return 127, "", str(exc)
 
 
 def last_line(err: str, rc: int) -> str:

@@ -24,9 +24,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-# The op and compression names hvdkit's API takes (see hvdkit.runtime.lr.reduce_options),
-# and the attribute of a Horovod framework module each one is.
+# The op and compression names hvdkit's API takes, and the attribute of a Horovod framework module each one
+# is. The first three reduce gradients (the optimizers' op=, checked by hvdkit.runtime.lr.reduce_options);
+# min and max reduce metrics only.
 OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum", "min": "Min", "max": "Max"}
+GRADIENT_OPS = ("average", "sum", "adasum")
 COMPRESSIONS = {"none": "none", "fp16": "fp16"}
 
 
@@ -100,8 +102,8 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def set_threads(self, threads: int) -> None:
-        """The framework's intra-op thread count (where it can still be set)."""
+    def set_threads(self, threads: int) -> bool:
+        """Set the framework's intra-op thread count; False where it can no longer be set (TensorFlow, once started)."""
 
     @abstractmethod
     def seed(self, value: int) -> None:

@@ -87,10 +87,15 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     where = backend.topology()
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else "train.py"
     check_joined(os.environ, where["size"], script)   # torchrun: N one-process jobs; say the launcher to use
+    asked = threads
     if threads is None and not on_gpu:
         threads = cpu_threads_per_rank(where["local_size"])
-    if threads is not None:           # given, or the CPU default: on a GPU only when asked for
-        backend.set_threads(threads)  # before pin's exchange, which starts TensorFlow's runtime
+    # Given, or the CPU default (on a GPU only when asked for); before pin's exchange, which starts TensorFlow's
+    # runtime. The default is a best effort; a count the caller gave that cannot be set is an error.
+    if threads is not None and not backend.set_threads(threads) and asked is not None:
+        raise UserError(f"threads={asked} cannot be applied: {backend.framework}'s runtime had already started "
+                        f"(an operation ran before {adapter}.init()); call init() before any {backend.framework} "
+                        "operation, or leave threads unset")
     # use_gpu=False only by choice: a rank that lost its GPU still joins as blind, so the mixed job stops
     gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=not cpu_chosen)
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)

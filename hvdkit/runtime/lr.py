@@ -14,19 +14,18 @@ Example::
 from __future__ import annotations
 
 from hvdkit.common.errors import UserError
+from hvdkit.runtime.backend import COMPRESSIONS, GRADIENT_OPS
 from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.topology import Topology
 
-REDUCE_OPS = ("average", "sum", "adasum")
-COMPRESSIONS = ("none", "fp16")
-
 
 def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
-    """``op`` and ``compression`` as both adapters take them (any case), lower-cased; ValueError naming the choices."""
+    """``op`` and ``compression`` as both adapters take them (any case), lower-cased; a UserError naming the choices."""
     op_l, compression_l = str(op).lower(), str(compression).lower()
-    if op_l not in REDUCE_OPS or compression_l not in COMPRESSIONS:
-        what = f"unknown op {op!r}" if op_l not in REDUCE_OPS else f"unknown compression {compression!r}"
-        raise UserError(f"{what}: op is one of {', '.join(REDUCE_OPS)}, compression one of {', '.join(COMPRESSIONS)}")
+    if op_l not in GRADIENT_OPS or compression_l not in COMPRESSIONS:
+        what = f"unknown op {op!r}" if op_l not in GRADIENT_OPS else f"unknown compression {compression!r}"
+        raise UserError(f"{what}: op is one of {', '.join(GRADIENT_OPS)}, compression one of "
+                        f"{', '.join(COMPRESSIONS)}")
     return op_l, compression_l
 
 

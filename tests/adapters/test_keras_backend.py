@@ -88,3 +88,23 @@ def test_without_tensorflow_or_keras_backend_keras_imports_on_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-1] == "torch"
+
+
+@pytest.mark.parametrize("threads, error", [("2", True), ("None", False)])
+def test_threads_that_tensorflow_can_no_longer_take_are_an_error_not_ignored(tmp_path, threads, error):
+    # Issue 38: once TensorFlow's runtime has started its thread count is fixed, and init(threads=2) was
+    # silently ignored. The CPU default stays a best effort.
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS",)}
+    env.update(KERAS_BACKEND="tensorflow", KERAS_HOME=str(tmp_path), PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    code = ("import tensorflow as tf; tf.constant(1.0) + 1\n"          # the runtime starts here
+            "import hvdkit.keras as hk\n"
+            f"try:\n    hk.init(threads={threads}); print('ok')\n"
+            "except hk.UserError as exc:\n    print('error:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    if error:
+        assert last.startswith("error: threads=2 cannot be applied: TensorFlow's runtime had already started"), last
+        assert "call init() before any TensorFlow operation, or leave threads unset" in last
+    else:
+        assert last == "ok"

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.unit
 
 PROBE_OK = {
     "installed": True, "version": "0.28.1",
-    "frameworks": {"tensorflow": True, "torch": True, "mxnet": False},
+    "frameworks": {"tensorflow": False, "torch": True},
     "controllers": {"mpi": True, "gloo": True},
     "tensor_operations": {"nccl": False, "ddl": False, "ccl": False, "mpi": True, "gloo": True},
     "nccl_version": None, "cuda_built": False,
@@ -42,7 +42,7 @@ def test_render_text_marks_flags_like_check_build():
         packages={"torch": "2.13.0+cpu", "tensorflow": None}, torch_cuda=None, horovod=build,
         horovod_error=None, mpi="mpirun (Open MPI) 4.1.4", gpus=[])
     text = envreport.render_text(report)
-    assert "[X] torch" in text and "[ ] mxnet" in text and "[X] gloo" in text
+    assert "[X] torch" in text and "[ ] tensorflow" in text and "[X] gloo" in text
     assert "tensorflow  not installed" in text and "NCCL               not built" in text
     assert json.loads(json.dumps(report.to_dict()))["horovod"]["version"] == "0.28.1"
 

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from hvdkit.common.errors import UserError
@@ -167,7 +169,7 @@ Exit code: 1
 """
 
 
-@pytest.mark.parametrize("output, line", [
+EXPLAINED = [
     # horovodrun reaped rank 1 first, but rank 1 only failed because rank 0 did
     (CHAINED, "rank 0 on a, local rank 0 failed first: hvdkit.runtime.checkpoint_files.CheckpointError: cannot write "
               "checkpoint 'ckpts/ckpt-00000001.pt'"),
@@ -178,12 +180,17 @@ Exit code: 1
      "[0]<stderr>:RuntimeError: Horovod has been shut down\nProcess name: 0\nExit code: 1\n",
      "rank 1 on a, local rank 1 failed first: error: cannot write checkpoint 'c.pt': No space left on device "
      "(errno 28): free space"),
+    # the patch's stall_inspector.cc message, word for word (scripts/patches/horovod-0.28.1.patch)
     ("[0]<stderr>:[2026-11-23 18:00:00.000: E stall_inspector.cc:90] Deadlock: every rank is waiting in a "
      "collective that another rank never joined, for more than 2 seconds: rank 0 waits in [a]; rank 1 waits in "
-     "[b]; the ranks ran different numbers of steps. Shutting Horovod down (HOROVOD_STALL_MISMATCH_SHUTDOWN=0 "
-     "keeps waiting).\n[0]<stderr>:HorovodInternalError: Horovod has been shut down\n",
+     "[b]; the ranks ran different numbers of steps or took different branches (most often: a different number "
+     "of batches per rank; give every rank the same, as hvdkit's shard_arrays and distributed_loader do). "
+     "Shutting Horovod down (HOROVOD_STALL_MISMATCH_SHUTDOWN=0 keeps waiting).\n"
+     "[0]<stderr>:HorovodInternalError: Horovod has been shut down\n",
      "the ranks deadlocked: every rank is waiting in a collective that another rank never joined, for more than 2 "
-     "seconds: rank 0 waits in [a]; rank 1 waits in [b]; the ranks ran different numbers of steps."),
+     "seconds: rank 0 waits in [a]; rank 1 waits in [b]; the ranks ran different numbers of steps or took "
+     "different branches (most often: a different number of batches per rank; give every rank the same, as "
+     "hvdkit's shard_arrays and distributed_loader do)."),
     # TensorFlow's graph-mode error names the cause on later lines of the same traceback
     ("[0]<stderr>:Traceback (most recent call last):\n[0]<stderr>:tensorflow.python.framework.errors_impl."
      "UnknownError: Graph execution error:\n[0]<stderr>:Horovod has been shut down. This was caused by ...\n"
@@ -200,7 +207,10 @@ Exit code: 1
      "rank 3 on b, local rank 1 ended first: killed by SIGKILL"),
     ("[0]<stderr>:SystemExit: 75\nProcess name: 0\nExit code: 75\n", "rank 0 on a, local rank 0 ended first: "
                                                                       "exit status 75"),
-])
+]
+
+
+@pytest.mark.parametrize("output, line", EXPLAINED)
 def test_the_rank_whose_own_error_came_first_is_named(output, line):
     from hvdkit.ops.hosts import rank_layout
     from hvdkit.ops.launch import explain_failure
@@ -277,3 +287,16 @@ def test_a_preempted_job_is_told_from_a_failed_one(rc, output, expected):
     from hvdkit.ops.launch import ended_by_preemption
 
     assert ended_by_preemption(rc, output) is expected
+
+
+def test_the_deadlock_fixture_is_the_message_the_patch_prints():
+    """The explanation above is read from what the patched stall inspector writes; keep the two in step."""
+    from tests.conftest import ROOT
+
+    patch = (ROOT / "scripts" / "patches" / "horovod-0.28.1.patch").read_text()
+    code = patch[patch.index('message << "Deadlock: '):patch.index("LOG(ERROR) << message.str()")]
+    printed = "".join(re.findall(r'"([^"]*)"', code))          # the C++ string literals, in order
+    assert printed.startswith("Deadlock: every rank is waiting in a collective that another rank never joined")
+    fixture = next(o for o, _ in EXPLAINED if "Deadlock:" in o)
+    assert printed.split(" for more than")[0] in fixture
+    assert printed[printed.index("the ranks ran"):] in fixture
