@@ -73,3 +73,14 @@ def test_this_machine_by_its_own_name_is_local_to_launch_doctor_and_bench(tmp_pa
     bench = run_hvdkit("bench", "train", "-H", me, "--models", "mnist", "--impls", "hvdkit,ddp", "--dry-run",
                        "--out", str(tmp_path), timeout=60)
     assert bench.returncode == 0 and "torch.distributed.run" in bench.stdout, bench.stdout + bench.stderr
+
+
+def test_hosts_shows_where_each_rank_runs_and_converts_to_a_hostfile():
+    """README and docs/MULTIHOST.md: `hvdkit hosts -H server1:4,server2:4`, as written there."""
+    table = run_hvdkit("hosts", "-H", "server1:4,server2:4", timeout=60)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == "2 host(s), 8 slots, np=8  (horovodrun -np 8 -H server1:4,server2:4)"
+    assert [line.split() for line in lines[2:]] == [[str(r), f"server{1 + r // 4}", str(r % 4)] for r in range(8)]
+    hostfile = run_hvdkit("hosts", "-H", "server1:4,server2:4", "--to", "hostfile", timeout=60)
+    assert hostfile.stdout == "server1 slots=4\nserver2 slots=4\n"

@@ -9,6 +9,7 @@
 - ```` ```bash ```` blocks run with ``bash -e -o pipefail`` in a temporary directory linked to the
   repository's top-level entries, in the ``cli`` tier.
 - A block that cannot run here (a cluster, Docker, a fresh machine) is marked in the Markdown
-  ``<!-- not-run: next "why; tests/... runs it" -->``: it is checked instead (``bash -n`` or
-  ``compile``, and the named file must exist), never skipped.
+  ``<!-- not-run: next "why; tests/path.py::test_name runs it" -->`` (or ``.ci/run``, ``Makefile:target``):
+  it is checked instead, never skipped: it must parse (``bash -n`` or ``compile``), each named test must
+  exist, and what the marker names must run every command of the block (``blocks.check_not_run``).
 """

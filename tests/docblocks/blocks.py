@@ -100,24 +100,88 @@ class DiffParser(CodeBlockParser):
         super().__init__(language="diff", evaluator=run_diff)
 
 
-WHERE_RUN = re.compile(r"(tests/[\w/]+\.py|\.ci/run|Makefile)")
+# What a not-run marker must name: each test (file::function) or CI step that runs the block's commands instead.
+RUN_BY_TEST = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+RUN_BY_CI = re.compile(r"(\.ci/run|Makefile:[\w-]+)")
+# Programs whose first argument names what runs (hvdkit launch, docker compose, make demo, pip install).
+WITH_SUBCOMMAND = {"hvdkit", "docker", "make", "pip"}
+
+
+def block_commands(source: str) -> list[list[str]]:
+    """Each command of a bash block as the words that say what runs: the program (its file name, after any
+    VAR=value) and, for hvdkit, docker, make and pip, the first word after it; for ``python -m venv``, the module."""
+    text = re.sub(r"\\\n", " ", source)
+    commands = []
+    for line in text.splitlines():
+        words = [w for w in line.split("#", 1)[0].split() if not re.fullmatch(r"[A-Z_]+=\S*", w)]
+        if not words:
+            continue
+        program = os.path.basename(words[0])
+        key = [program]
+        if program in WITH_SUBCOMMAND and len(words) > 1:
+            key.append(words[1])
+        elif program.startswith("python") and "-m" in words[:-1]:
+            key = [words[words.index("-m") + 1]]         # the module runs: any interpreter will do
+        commands.append(key)
+    return commands
+
+
+def named_sources(reason: str) -> tuple[list[str], str]:
+    """The problems with a marker's names, and the text of what it names: each test's function, the rest of its
+    module, the conftest.py files above it and the examples it names; a Makefile target's recipe; .ci/run."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    problems, texts = [], []
+    for path, name in RUN_BY_TEST.findall(reason):
+        file = ROOT / path
+        if not file.exists():
+            problems.append(f"{path} does not exist")
+            continue
+        module = file.read_text()
+        if name not in {n.name for n in ast.walk(ast.parse(module)) if isinstance(n, ast.FunctionDef)}:
+            problems.append(f"{path} defines no {name}")
+        texts.append(module)
+        texts += [c.read_text() for c in file.parents[0:3] for c in [c / "conftest.py"] if c.exists()]
+        texts += [(ROOT / "examples" / e).read_text() for e in set(re.findall(r"(\w+\.py)", module))
+                  if (ROOT / "examples" / e).exists()]
+    for where in RUN_BY_CI.findall(reason):
+        if where == ".ci/run":
+            texts.append((ROOT / ".ci" / "run").read_text())
+            continue
+        target = where.split(":", 1)[1]
+        recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+        if recipe is None:
+            problems.append(f"the Makefile has no target {target}")
+        else:
+            texts.append(recipe.group(1))
+    return problems, "\n".join(texts)
 
 
 def check_not_run(example: Example, reason: str) -> None:
-    """A block marked ``not-run``: it must still parse, and the marker must name an existing file that runs it.
+    """A block marked ``not-run``: it must still parse, and its marker must name what runs its commands instead.
 
-    bash blocks go through ``bash -n``, python blocks through ``compile``, diffs through both sides' compile.
+    The marker names tests as ``tests/path.py::test_name`` (each must exist), or ``.ci/run`` or a
+    ``Makefile:target``; every command of a bash block (its program, and hvdkit's, docker's, make's and pip's
+    subcommand) must appear in what they name, and every ``hk.`` call of a python block in the tests or the
+    examples they run. bash blocks go through ``bash -n``, python blocks through ``compile``.
     """
-    from tests.conftest import ROOT
-
-    where = WHERE_RUN.findall(reason)
-    missing = [w for w in where if not (ROOT / w).exists()]
-    if not where or missing:
-        found = f"missing: {missing}" if missing else "none named"
-        raise AssertionError(f"the not-run marker before {example.path}:{example.line} must name the test, Makefile "
-                             f"or .ci/run that runs the block instead ({found}): {reason!r}")
+    where = f"the not-run marker before {example.path}:{example.line}"
+    problems, named = named_sources(reason)
+    if not RUN_BY_TEST.search(reason) and not RUN_BY_CI.search(reason):
+        problems.append("it names no tests/file.py::test_name, .ci/run or Makefile:target that runs the block")
     source = str(example.parsed)
     evaluator = example.region.evaluator
+    if evaluator is run_bash:
+        wanted = [" ".join(key) for key in block_commands(source)]
+        missing = [key for key in wanted if not all(word in named for word in key.split())]
+    else:
+        missing = sorted({f"hk.{name}" for name in re.findall(r"\bhk\.(\w+)", source) if name not in named})
+    if missing:
+        problems.append(f"nothing it names runs {', '.join(missing)}")
+    if problems:
+        raise AssertionError(f"{where}: {'; '.join(problems)}: {reason!r}")
     if evaluator is run_bash:
         proc = subprocess.run(["bash", "-n", "-c", source], capture_output=True, text=True)
         if proc.returncode != 0:
