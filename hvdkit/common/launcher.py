@@ -54,9 +54,10 @@ class Launcher:
     local_rank: str | None = None
     local_size: str | None = None
     joins_horovod: bool = True      # hvd.init() makes its processes one job
+    marker: str | None = None       # a variable only this launcher sets, where its rank's name is generic
 
     def started(self, env: Mapping[str, str]) -> bool:
-        return _int(env, self.rank) is not None
+        return _int(env, self.rank) is not None and (self.marker is None or self.marker in env)
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,10 @@ MPICH = Launcher("mpiexec", "an MPICH or Intel MPI mpiexec", "PMI_RANK", "PMI_SI
 MVAPICH = Launcher("mvapich", "MVAPICH's mpirun", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
                    "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")
 TORCHRUN = Launcher("torchrun", "torchrun (or another torch.distributed launcher)", "RANK", "WORLD_SIZE",
-                    "LOCAL_RANK", "LOCAL_WORLD_SIZE", joins_horovod=False)
-# The order detect() asks them: horovodrun --mpi sets both HOROVOD_* (no) and OMPI_* (yes), horovodrun --gloo
-# HOROVOD_* only; a rank that srun started with PMIx under an mpirun'd outer job is mpirun's.
-LAUNCHERS = (HOROVODRUN, OPEN_MPI, SRUN, MPICH, MVAPICH, TORCHRUN)
+                    "LOCAL_RANK", "LOCAL_WORLD_SIZE", joins_horovod=False, marker="LOCAL_WORLD_SIZE")
+# The order detect() asks them, the launcher nearest the process first where one runs under another: torchrun's
+# workers inside an srun task (PMIX_RANK inherited) are torchrun's; horovodrun --gloo sets HOROVOD_* only.
+LAUNCHERS = (HOROVODRUN, OPEN_MPI, TORCHRUN, SRUN, MPICH, MVAPICH)
 
 class SLURM:
     """The names of Slurm's variables hvdkit reads (sbatch(1), "OUTPUT ENVIRONMENT VARIABLES")."""

@@ -30,15 +30,38 @@ def run_bounded(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 text=True, env=None if env is None else dict(env), start_new_session=group)
-    except (FileNotFoundError, PermissionError) as exc:
+    except OSError as exc:             # missing, not executable, a broken interpreter line
         return NOT_FOUND, "", str(exc)
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
+        _end(proc, group)
+        out, err = _drain(proc)
+        return TIMED_OUT, out, (err + "\n" if err else "") + f"no answer within {timeout:.0f}s"
+    except BaseException:              # Ctrl-C, SIGTERM: a new session does not get the terminal's signal
+        _end(proc, group)
+        _drain(proc)
+        raise
+
+
+def _end(proc: subprocess.Popen, group: bool) -> None:
+    try:
         if group:
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.kill()
-        out, err = proc.communicate()
-        return TIMED_OUT, out, (err + "\n" if err else "") + f"no answer within {timeout:.0f}s"
+    except ProcessLookupError:
+        pass
+
+
+def _drain(proc: subprocess.Popen) -> tuple[str, str]:
+    """What the killed program wrote. Bounded: a process it started outside its group (a discovery script's
+    hung curl) can hold the pipes open long after it is gone."""
+    try:
+        return proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired as exc:
+        proc.wait()
+        def text(data):
+            return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+        return text(exc.stdout), text(exc.stderr)

@@ -7,7 +7,7 @@ files a killed save leaves behind are removed by the next save to that place.
 
 Example::
 
-    atomic_write("ckpt.pt", lambda f: torch.save(state, f))
+    write_checkpoint_file("ckpt.pt", lambda f: torch.save(state, f))     # CheckpointError on a full disk
     CheckpointDir("ckpts", suffix=".pt", keep_last=3).save(step, lambda f: torch.save(state, f))
 """
 

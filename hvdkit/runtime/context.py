@@ -138,9 +138,13 @@ def check_nccl(on_gpu: bool, backend: Backend, environ: Mapping[str, str] | None
                      f"train this way knowingly, or {DEVICE}=cpu to train on the CPU")
 
 
-def _not_initialised(adapter: str | None) -> RuntimeError:
+class NotInitialisedError(UserError):
+    """hvdkit's API was used before ``init()``."""
+
+
+def _not_initialised(adapter: str | None) -> NotInitialisedError:
     how = f"ctx = {adapter}.init()" if adapter else "ctx = hvdkit.torch.init() (or hvdkit.keras.init())"
-    return RuntimeError(f"init() has not been called: call {how} at the top of your script, before building the "
+    return NotInitialisedError(f"init() has not been called: call {how} at the top of your script, before building the "
                         "model")
 
 

@@ -18,10 +18,15 @@ def sources():
 
 
 def test_hvdkit_raises_no_builtin_error_for_a_mistake():
+    def builtin_call(node):
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BUILTINS
+
+    # raise ValueError(...), and a helper that builds the error for a raise elsewhere (return RuntimeError(...))
     raised = [f"{path}:{node.lineno} {node.exc.func.id}" for path, tree in sources() for node in ast.walk(tree)
-              if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
-              and isinstance(node.exc.func, ast.Name) and node.exc.func.id in BUILTINS]
-    assert raised == []
+              if isinstance(node, ast.Raise) and builtin_call(node.exc)]
+    returned = [f"{path}:{node.lineno} {node.value.func.id}" for path, tree in sources() for node in ast.walk(tree)
+                if isinstance(node, ast.Return) and builtin_call(node.value)]
+    assert raised + returned == []
 
 
 def test_every_hvdkit_error_class_is_a_user_error_and_nothing_else():

@@ -35,6 +35,11 @@ SRUN = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_P
     ({**SRUN, "PMIX_RANK": "1", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_NODES": "2"}, ("srun", 1, 2, 0, None, 2)),
     ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}, ("mpiexec", 2, 4, 0, 1, None)),
     ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, ("torchrun", 1, 2, 1, 2, None)),
+    # torchrun's workers inside an srun task inherit PMIX_RANK: the nearer launcher is torchrun
+    ({**SRUN, "PMIX_RANK": "0", "SLURM_LOCALID": "0", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3",
+      "LOCAL_WORLD_SIZE": "4"}, ("torchrun", 3, 4, 3, 4, None)),
+    # a script's own RANK variable is not torchrun (it sets LOCAL_WORLD_SIZE too)
+    ({**SRUN, "PMIX_RANK": "1", "SLURM_LOCALID": "1", "RANK": "7"}, ("srun", 1, 2, 1, None, None)),
 ])
 def test_each_launcher_is_read_from_its_own_variables(env, expected):
     place = detect(env)

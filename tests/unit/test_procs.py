@@ -43,3 +43,11 @@ def test_a_timeout_ends_the_whole_group_when_asked(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the program's child {child} outlived the timeout")
+
+
+def test_a_timeout_returns_even_when_a_grandchild_holds_the_pipes():
+    # A discovery script whose curl hangs: killing the script leaves the curl holding stdout (review of issue 38).
+    start = time.monotonic()
+    rc, _, err = run_bounded(["bash", "-c", "sleep 60; :"], timeout=2)
+    assert rc == TIMED_OUT and "no answer within 2s" in err
+    assert time.monotonic() - start < 20

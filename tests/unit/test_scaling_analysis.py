@@ -82,29 +82,29 @@ def test_the_committed_study_gives_what_the_readme_quotes():
     bench = ROOT / "docs" / "bench"
     result = analyse(json.loads((bench / "scaling.json").read_text()), "horovod-gloo")
     committed = json.loads((bench / "scaling-predicted.json").read_text())
-    assert (result["within"], result["points"]) == (committed["within"], committed["points"]) == (44, 66)
+    assert (result["within"], result["points"]) == (committed["within"], committed["points"]) == (47, 66)
     assert [round(p["predicted_s"], 9) for p in result["exchanges"]] == \
         [round(p["predicted_s"], 9) for p in committed["exchanges"]]
     sweep = [p for p in result["exchanges"] if p["case"] == "sweep" and not p["calibration"]]
     ps = [round(p["error"] * 100) for p in sweep if p["impl"] == "ps" and p["bytes"] >= 4 << 20]
-    assert (min(ps), max(ps)) == (-4, 20)
+    assert (min(ps), max(ps)) == (-9, 16)
     torch_ring = [p["error"] for p in sweep if p["impl"] == "torch" and p["bytes"] >= 4 << 20]
-    assert all(abs(e) <= 0.015 for e in torch_ring)                     # "within 1%" (rounded)
+    assert all(abs(e) <= 0.02 for e in torch_ring)                      # "within 2%"
 
     def measured(impl, hosts):
         return next(p["measured_s"] for p in result["exchanges"]
                     if p["impl"] == impl and p["hosts"] == hosts and p["bytes"] == 64 << 20)
 
     ring, server = measured("torch", 4) / measured("torch", 2), measured("ps", 4) / measured("ps", 2)
-    assert (round(ring, 2), round(server, 2)) == (1.5, 1.96)
+    assert (round(ring, 2), round(server, 2)) == (1.5, 2.0)
     # hvdkit, launched as hvdkit launch runs it (Gloo across these CPU hosts since issue 37)
     assert {r["data"]["rows"][0]["controller"] for r in json.loads((bench / "scaling.json").read_text())["runs"]
             if r["kind"] == "allreduce" and r["data"]["rows"][0]["impl"] == "hvdkit"} == {"gloo"}
     steps = {s["hosts"]: round(s["error"] * 100) for s in result["steps"]
              if s["impl"] == "hvdkit" and s["model"] == "resnet50"}
-    assert (steps[3], steps[4]) == (-14, -4)
+    assert (steps[3], steps[4]) == (-12, -5)
     hvdkit = [p for p in sweep if p["impl"] == "hvdkit" and p["bytes"] >= 4 << 20]
-    assert sum(abs(p["error"]) <= 0.15 for p in hvdkit) == 7 and len(hvdkit) == 9
+    assert len(hvdkit) == 9 and all(abs(p["error"]) <= 0.03 for p in hvdkit)           # "within 3%"
     readme = (ROOT / "README.md").read_text()
-    for quoted in ("within 1%", "-4% to +20%", "ring 1.50x, server 1.96x", "-14% / -4%"):
+    for quoted in ("within 2%", "-9% to +16%", "ring 1.50x, server 2.00x", "within 3%", "-12% / -5%"):
         assert quoted in readme, quoted
