@@ -140,7 +140,9 @@ def named_sources(reason: str) -> tuple[list[str], str]:
             problems.append(f"{path} does not exist")
             continue
         module = file.read_text()
-        if name not in {n.name for n in ast.walk(ast.parse(module)) if isinstance(n, ast.FunctionDef)}:
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        defined = {n.name for n in ast.walk(ast.parse(module)) if isinstance(n, functions)}
+        if name not in defined:
             problems.append(f"{path} defines no {name}")
         texts.append(module)
         texts += [c.read_text() for c in file.parents[0:3] for c in [c / "conftest.py"] if c.exists()]
