@@ -37,7 +37,7 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import job_lr_scale, resume_lr_factor, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
 
 FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
 READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
@@ -122,6 +122,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
     ``scale_lr`` gives for this one (``on_resize="error"`` refuses it), as in
     :func:`hvdkit.torch.load_checkpoint` (also ``missing_ok``).
     """
+    check_on_resize(on_resize)
     ctx = current()
     body = read_on_root(path, _read, ".npz", backend(), root_rank, missing_ok=missing_ok)
     if body is None:

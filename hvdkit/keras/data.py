@@ -14,7 +14,7 @@ import math
 
 from hvdkit.common.errors import UserError
 from hvdkit.keras.context import current
-from hvdkit.runtime.sharding import shard_together
+from hvdkit.runtime.sharding import check_batch_size, shard_together
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -57,6 +57,7 @@ def shard_dataset(dataset, drop_remainder: bool = False):
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
     """Batches per rank per epoch when ``num_samples`` are split over all ranks."""
+    check_batch_size(batch_size)
     ctx = current()
     return max(1, math.ceil(num_samples / (batch_size * ctx.size)))
 
@@ -113,8 +114,7 @@ def _batches_class(mode: str) -> type:
             lengths = {_length(a) for a in ([x] if y is None else [x, y])}
             if len(lengths) != 1:
                 raise UserError(f"x and y have different lengths {sorted(lengths)}: pass the same samples")
-            if batch_size < 1:
-                raise UserError(f"batch_size must be at least 1, got {batch_size}")
+            check_batch_size(batch_size)
             self.epoch_size = lengths.pop()
             self.batch_size, self.shuffle, self.seed, self.drop_remainder = batch_size, shuffle, seed, drop_remainder
             self.rank, self.size = rank, size

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 import os
 import random
 import sys
@@ -73,6 +74,9 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     its Slurm job was given (where Slurm resets ``CUDA_VISIBLE_DEVICES``).
     """
     global _process
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
+        raise UserError(f"threads={threads!r}: give the intra-op thread count, 1 or more (or leave it unset: the "
+                        "host's cores shared among its ranks on the CPU)")
     cpu_chosen = chooses_cpu(os.environ)   # HVDKIT_DEVICE=cpu: the CPU even where GPUs are visible or allocated
     on_gpu = backend.has_gpu() and not cpu_chosen
     mpi_built = bool(backend.hvd.mpi_built())

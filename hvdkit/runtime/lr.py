@@ -109,6 +109,12 @@ def warmup_lr(step: int, warmup_steps: int, base_lr: float, target_lr: float) ->
 RESIZE_CHOICES = ("rescale", "error")
 
 
+def check_on_resize(on_resize: str) -> None:
+    """``load_checkpoint``'s ``on_resize``, checked before anything is read (also without an optimizer)."""
+    if on_resize not in RESIZE_CHOICES:
+        raise UserError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
+
+
 def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scale: float, size: int, *,
                      op: str = "average", on_resize: str = "rescale", path: str = "checkpoint") -> float:
     """What to multiply a checkpoint's learning rates by when a job resumes on ``size`` ranks.
@@ -122,8 +128,7 @@ def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scal
     with a fixed rate, or a file from before hvdkit stored it) leaves the
     rates as they are. ``on_resize="error"`` refuses another size instead.
     """
-    if on_resize not in RESIZE_CHOICES:
-        raise UserError(f"on_resize={on_resize!r}: give one of {', '.join(RESIZE_CHOICES)}")
+    check_on_resize(on_resize)
     if on_resize == "error" and saved_size is not None and saved_size != size:
         raise CheckpointError(f"{path} was written by a job of {saved_size} ranks and this one has {size}: run on "
                               f"{saved_size} ranks, or load with on_resize='rescale' to continue with the learning "

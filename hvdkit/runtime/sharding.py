@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,3 +124,9 @@ def samples_done(start: int, batches: int, batch_size: int, size: int, total: in
     if pass_batches is not None and batches >= pass_batches:
         return total
     return min(start + batches * batch_size * size, total)
+
+
+def check_batch_size(batch_size) -> None:
+    """A batch of at least one sample, as both adapters' loaders take it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise UserError(f"batch_size must be an integer of at least 1, got {batch_size!r}")

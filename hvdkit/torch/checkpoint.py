@@ -36,7 +36,7 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import job_lr_scale, resume_lr_factor, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import plain_module, to_cpu
 
@@ -176,6 +176,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
     is left waiting in a broadcast).
     """
+    check_on_resize(on_resize)
     body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank, missing_ok=missing_ok)
     if body is None:
         return None

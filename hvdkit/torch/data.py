@@ -28,7 +28,14 @@ from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
 from hvdkit.runtime.datacheck import same_everywhere
 from hvdkit.runtime.integrity import content_digest
-from hvdkit.runtime.sharding import resume_indices, samples_done, shard_slice, shard_together, take_shard
+from hvdkit.runtime.sharding import (
+    check_batch_size,
+    resume_indices,
+    samples_done,
+    shard_slice,
+    shard_together,
+    take_shard,
+)
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
@@ -116,6 +123,7 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
     Call ``loader.sampler.set_epoch(epoch)`` each epoch. Workers persist
     across epochs when ``num_workers > 0``; memory is pinned when training on GPU.
     """
+    check_batch_size(batch_size)
     ctx = current()
     sampler = ResumableDistributedSampler(dataset, num_replicas=ctx.size, rank=ctx.rank, shuffle=shuffle,
                                           seed=seed, drop_last=drop_last, batch_size=batch_size)
