@@ -37,6 +37,7 @@ from hvdkit.ops.launch import (
     BuildFlags,
     LaunchConfig,
     check_command,
+    check_program,
     check_timeline,
     ended_by_preemption,
     explain_failure,
@@ -73,6 +74,7 @@ class LaunchCommandConfig:
             hosts, np, chosen = resolve_hosts(args, args.np)     # the rule doctor, bench and hosts follow too
             if args.np is None and chosen is None and hosts.source != "slurm":
                 chosen = f"-np {np}: every slot listed, as mpirun does; give -np to start fewer"
+        check_program(cmd, hosts)
         target = target_from_args(args, np, hosts)
         timeline = os.path.abspath(args.timeline) if args.timeline else None
         if timeline:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -179,6 +180,16 @@ def check_command(command: tuple[str, ...], exists=os.path.exists) -> None:
         if arg.endswith(".py") and not exists(arg):
             raise UserError(f"script {arg!r} does not exist: check the path (it is resolved on every host "
                             "from the directory you launch in)")
+
+
+def check_program(command: tuple[str, ...], hosts: HostSpec, which=shutil.which) -> None:
+    """On a job of this machine only, the program the command starts must exist here (on other hosts it is
+    resolved there). Open MPI would say it in a page of text and exit 134."""
+    if not all(is_this_machine(h.name) for h in hosts.hosts) or which(command[0]) is not None:
+        return
+    where = "no such executable file" if "/" in command[0] else "not on PATH"
+    raise UserError(f"program {command[0]!r} is not found on this machine ({where}): give its path, or activate "
+                    "the environment that has it")
 
 
 def check_timeline(path: str, hosts: HostSpec | None) -> None:

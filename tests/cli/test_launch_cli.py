@@ -84,3 +84,11 @@ def test_hosts_shows_where_each_rank_runs_and_converts_to_a_hostfile():
     assert [line.split() for line in lines[2:]] == [[str(r), f"server{1 + r // 4}", str(r % 4)] for r in range(8)]
     hostfile = run_hvdkit("hosts", "-H", "server1:4,server2:4", "--to", "hostfile", timeout=60)
     assert hostfile.stdout == "server1 slots=4\nserver2 slots=4\n"
+
+
+def test_launch_names_a_missing_program_in_one_line():
+    proc = run_hvdkit("launch", "--dry-run", "-np", "2", "-H", "localhost:2", "--", "nosuchprog", "x.py", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "hvdkit launch: error: program 'nosuchprog' is not found on this machine (not on PATH): give its path, or "
+        "activate the environment that has it"]

@@ -300,3 +300,18 @@ def test_the_deadlock_fixture_is_the_message_the_patch_prints():
     fixture = next(o for o, _ in EXPLAINED if "Deadlock:" in o)
     assert printed.split(" for more than")[0] in fixture
     assert printed[printed.index("the ranks ran"):] in fixture
+
+
+def test_a_local_jobs_program_must_exist_here():
+    """A user trial: `hvdkit launch -- nosuchprog x.py` passed the checks and failed in a page of Open MPI text."""
+    from hvdkit.ops.hosts import parse_hosts_string
+    from hvdkit.ops.launch import check_program
+
+    local, remote = parse_hosts_string("localhost:2"), parse_hosts_string("server1:2,server2:2")
+    with pytest.raises(UserError, match=r"program 'nosuchprog' is not found on this machine \(not on PATH\): give "
+                                        r"its path, or activate the environment that has it"):
+        check_program(("nosuchprog", "x.py"), local, which=lambda p: None)
+    with pytest.raises(UserError, match=r"\(no such executable file\)"):
+        check_program(("/opt/venv/bin/python", "x.py"), local, which=lambda p: None)
+    check_program(("python", "x.py"), local, which=lambda p: "/usr/bin/python")
+    check_program(("/opt/venv/bin/python", "x.py"), remote, which=lambda p: None)   # resolved on those hosts
