@@ -53,7 +53,6 @@ class Launcher:
     size: str
     local_rank: str | None = None
     local_size: str | None = None
-    joins_horovod: bool = True      # hvd.init() makes its processes one job
     marker: str | None = None       # a variable only this launcher sets, where its rank's name is generic
 
     def started(self, env: Mapping[str, str]) -> bool:
@@ -72,24 +71,6 @@ class Place:
     nodes: int | None               # how many hosts the job spans, where the launcher says
 
 
-HOROVODRUN = Launcher("horovodrun", "horovodrun (Gloo)", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
-                      "HOROVOD_LOCAL_SIZE")
-OPEN_MPI = Launcher("mpirun", "Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
-# The MPI Operator's launcher runs Open MPI's mpirun; the operator marks its pods (launcher, worker).
-MPI_OPERATOR_ROLE = "K_MPI_JOB_ROLE"
-MPI_OPERATOR = replace(OPEN_MPI, name="mpi-operator", description="the Kubeflow MPI Operator's mpirun")
-SRUN = Launcher("srun", "srun --mpi=pmix", "PMIX_RANK", "SLURM_NTASKS", "SLURM_LOCALID")
-MPICH = Launcher("mpiexec", "an MPICH or Intel MPI mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-                 "MPI_LOCALNRANKS")
-MVAPICH = Launcher("mvapich", "MVAPICH's mpirun", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
-                   "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")
-TORCHRUN = Launcher("torchrun", "torchrun (or another torch.distributed launcher)", "RANK", "WORLD_SIZE",
-                    "LOCAL_RANK", "LOCAL_WORLD_SIZE", joins_horovod=False, marker="LOCAL_WORLD_SIZE")
-# The order detect() asks them, the launcher nearest the process first where one runs under another: torchrun's
-# workers inside an srun task (PMIX_RANK inherited) are torchrun's; horovodrun --gloo sets HOROVOD_* only.
-LAUNCHERS = (HOROVODRUN, OPEN_MPI, TORCHRUN, SRUN, MPICH, MVAPICH)
-
 class SLURM:
     """The names of Slurm's variables hvdkit reads (sbatch(1), "OUTPUT ENVIRONMENT VARIABLES")."""
 
@@ -102,6 +83,24 @@ class SLURM:
     # Set where the job (sbatch, salloc) or the step (srun) was given GPUs on this node.
     GPUS = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE")
 
+
+HOROVODRUN = Launcher("horovodrun", "horovodrun (Gloo)", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+                      "HOROVOD_LOCAL_SIZE")
+OPEN_MPI = Launcher("mpirun", "Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+# The MPI Operator's launcher runs Open MPI's mpirun; the operator marks its pods (launcher, worker).
+MPI_OPERATOR_ROLE = "K_MPI_JOB_ROLE"
+MPI_OPERATOR = replace(OPEN_MPI, name="mpi-operator", description="the Kubeflow MPI Operator's mpirun")
+SRUN = Launcher("srun", "srun --mpi=pmix", "PMIX_RANK", SLURM.NTASKS, "SLURM_LOCALID")
+MPICH = Launcher("mpiexec", "an MPICH or Intel MPI mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                 "MPI_LOCALNRANKS")
+MVAPICH = Launcher("mvapich", "MVAPICH's mpirun", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+                   "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE")
+TORCHRUN = Launcher("torchrun", "torchrun (or another torch.distributed launcher)", "RANK", "WORLD_SIZE",
+                    "LOCAL_RANK", "LOCAL_WORLD_SIZE", marker="LOCAL_WORLD_SIZE")
+# The order detect() asks them, the launcher nearest the process first where one runs under another: torchrun's
+# workers inside an srun task (PMIX_RANK inherited) are torchrun's; horovodrun --gloo sets HOROVOD_* only.
+LAUNCHERS = (HOROVODRUN, OPEN_MPI, TORCHRUN, SRUN, MPICH, MVAPICH)
 
 def _int(env: Mapping[str, str], name: str | None) -> int | None:
     text = env.get(name, "").strip() if name else ""
