@@ -126,9 +126,36 @@ def block_commands(source: str) -> list[list[str]]:
     return commands
 
 
+def test_source(module: str, name: str) -> str:
+    """The named test function's own text, with the module's functions it calls (two calls deep): what runs
+    when that test runs, rather than the whole module (where another test may run the command)."""
+    import ast
+
+    tree = ast.parse(module)
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    functions.update({f"{c.name}.{n.name}": n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))})
+    start = functions.get(name) or next((n for k, n in functions.items() if k.endswith("." + name)), None)
+    texts, todo, seen = [], [(start, 0)], set()
+    while todo:
+        node, depth = todo.pop()
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        text = ast.get_source_segment(module, node) or ""
+        texts.append(text)
+        if depth < 2:
+            todo += [(functions[k], depth + 1) for k in functions
+                     if "." not in k and re.search(rf"\b{re.escape(k)}\b", text)]
+            # Fixtures it takes as arguments run too.
+            todo += [(functions[a.arg], depth + 1) for a in node.args.args if a.arg in functions]
+    return "\n".join(texts)
+
+
 def named_sources(reason: str) -> tuple[list[str], str]:
-    """The problems with a marker's names, and the text of what it names: each test's function, the rest of its
-    module, the conftest.py files above it and the examples it names; a Makefile target's recipe; .ci/run."""
+    """The problems with a marker's names, and the text of what it names: each test function with the module's
+    helpers and fixtures it uses, the conftest.py files above it and the examples it names; a Makefile target's
+    recipe; .ci/run."""
     import ast
 
     from tests.conftest import ROOT
@@ -144,10 +171,12 @@ def named_sources(reason: str) -> tuple[list[str], str]:
         defined = {n.name for n in ast.walk(ast.parse(module)) if isinstance(n, functions)}
         if name not in defined:
             problems.append(f"{path} defines no {name}")
-        texts.append(module)
+            continue
+        text = test_source(module, name)
+        texts.append(text)
         texts += [c.read_text() for c in file.parents[0:3] for c in [c / "conftest.py"] if c.exists()]
-        texts += [(ROOT / "examples" / e).read_text() for e in set(re.findall(r"(\w+\.py)", module))
-                  if (ROOT / "examples" / e).exists()]
+        texts += [(ROOT / "examples" / e).read_text() for e in set(re.findall(r"([\w/]+\.py)", text))
+                  if (ROOT / "examples" / e).is_file()]
     for where in RUN_BY_CI.findall(reason):
         if where == ".ci/run":
             texts.append((ROOT / ".ci" / "run").read_text())
@@ -159,6 +188,11 @@ def named_sources(reason: str) -> tuple[list[str], str]:
         else:
             texts.append(recipe.group(1))
     return problems, "\n".join(texts)
+
+
+def mentions(text: str, word: str) -> bool:
+    """``word`` as a word of ``text``, where '_' separates words (run_hvdkit runs hvdkit; pipeline is not pip)."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", text) is not None
 
 
 def check_not_run(example: Example, reason: str) -> None:
@@ -177,9 +211,9 @@ def check_not_run(example: Example, reason: str) -> None:
     evaluator = example.region.evaluator
     if evaluator is run_bash:
         wanted = [" ".join(key) for key in block_commands(source)]
-        missing = [key for key in wanted if not all(word in named for word in key.split())]
+        missing = [key for key in wanted if not all(mentions(named, word) for word in key.split())]
     else:
-        missing = sorted({f"hk.{name}" for name in re.findall(r"\bhk\.(\w+)", source) if name not in named})
+        missing = sorted({f"hk.{name}" for name in re.findall(r"\bhk\.(\w+)", source) if not mentions(named, name)})
     if missing:
         problems.append(f"nothing it names runs {', '.join(missing)}")
     if problems:
