@@ -128,8 +128,7 @@ check_nvcc() {  # check_nvcc DIR HOW-TO-FIX
 }
 CUDA_FIX="point CUDA_HOME at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
 
-step "checking prerequisites ($MODE mode)"
-check_python; check_compiler
+step "checking prerequisites ($MODE mode)" && check_python && check_compiler
 need_debian OpenMPI "openmpi-bin libopenmpi-dev" mpicxx mpirun
 need_debian patch patch patch
 [ "$MODE" = cpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$CUDA_FIX"
@@ -142,10 +141,11 @@ if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
   rm -rf "$VENV" && "$PYTHON" -m venv "$VENV"   # removes a half-made venv an interrupted run left
 fi
 rm -f "$STAMP"     # written again only when everything below succeeds
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)   # quiet, less its per-package note on a missing local mirror
+pip_q() { "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 # The lock as uv and pip read it: every version pinned; another torch (HVDKIT_TORCH_VERSION) brings its own CUDA wheels.
 PINS_FILE=$LOCK; [ -z "${HVDKIT_TORCH_VERSION:-}" ] || { PINS_FILE="$VENV/.hvdkit-pins.txt"; { grep -v -E '^(torch|triton|cuda-|nvidia-)' "$LOCK"; echo "torch==$TORCH_VERSION"; } > "$PINS_FILE"; }
-"${PIP[@]}" install -c "$PINS_FILE" uv || die "pip could not install uv (the installer): check that the package index is reachable"
+pip_q install -c "$PINS_FILE" uv || die "pip could not install uv (the installer): check that the package index is reachable"
 # uv reads none of pip's settings: take where this machine's pip finds packages, from whichever has the locked version.
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$CACHE_DIR/uv} UV_INDEX_STRATEGY=unsafe-best-match UV_COMPILE_BYTECODE=1
 eval "$("$VENV/bin/python" "$ROOT/scripts/installer.py" uv-env)"
@@ -209,7 +209,7 @@ else
     SDIST="$CACHE_DIR/src/horovod-$HOROVOD_VERSION.tar.gz"
     if [ ! -f "$SDIST" ] || [ "$(sha256sum "$SDIST" | cut -d' ' -f1)" != "$HOROVOD_SDIST_SHA256" ]; then
       step "downloading Horovod $HOROVOD_VERSION source"
-      "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
+      pip_q download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
       got=$(sha256sum "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" | cut -d' ' -f1)
       [ "$got" = "$HOROVOD_SDIST_SHA256" ] \
         || die "horovod-$HOROVOD_VERSION.tar.gz has sha256 $got, expected $HOROVOD_SDIST_SHA256: the package index served a different source; do not build it (check your index/mirror)"
@@ -233,7 +233,7 @@ else
   else
     step "using cached Horovod wheel ($WHEEL_DIR)"
   fi
-  "${PIP[@]}" install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+  pip_q install --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
   echo "$CACHE_KEY" > "$VENV/.hvdkit-horovod-key"
 fi
 

@@ -39,7 +39,18 @@ LEGACY_CHECKSUM_SUFFIX = ".sha256"
 
 
 class CheckpointError(WriteError):
-    """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike."""
+    """A checkpoint cannot be saved or loaded; the adapters raise it on every rank alike.
+
+    ``cause`` is what is wrong with one file, without the fix, for a message that lists several files.
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause or message
+
+
+# The fix for a checkpoint that is not there, in a user's script and in the examples.
+START_FRESH = "pass missing_ok=True to start from scratch when there is none (the examples: leave out --resume)"
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int | None = None,
@@ -214,7 +225,7 @@ class CheckpointDir:
             try:
                 payload = load(path)
             except CheckpointError as exc:        # the loader's own check failed: try an older one
-                reason = str(exc)
+                reason = exc.cause
             except Exception as exc:
                 reason = f"does not load ({type(exc).__name__}: {exc})"
             else:
@@ -225,17 +236,16 @@ class CheckpointDir:
                 return Selection(path, payload, skipped)
             skipped.append((path, reason))
         if not skipped:
-            raise CheckpointError(f"no checkpoints in {self.directory!r}: check the directory, or start "
-                                  "without --resume")
+            raise CheckpointError(f"no checkpoints in {self.directory!r}: check the directory, or {START_FRESH}")
         detail = "; ".join(f"{os.path.basename(p)}: {why}" for p, why in skipped)
         raise CheckpointError(f"no usable checkpoint in {self.directory!r} ({detail}): restore one from a "
-                              "backup or start without --resume")
+                              "backup, or move them aside to start from scratch")
 
 
 def unreadable(path: str, exc: BaseException) -> CheckpointError:
     """The error for a checkpoint the framework's loader cannot read (the same words in both adapters)."""
-    return CheckpointError(f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__}): "
-                           "restore an older checkpoint or start without --resume")
+    cause = f"checkpoint {path!r} is unreadable or corrupt ({type(exc).__name__})"
+    return CheckpointError(f"{cause}: restore an older checkpoint, or move it aside to start from scratch", cause)
 
 
 def verify_loaded(path: str, found_format: Any, formats: tuple[str, ...], content: Any,
@@ -256,8 +266,9 @@ def verify_loaded(path: str, found_format: Any, formats: tuple[str, ...], conten
 
 def damaged(path: str, why: str) -> CheckpointError:
     """The error for a checkpoint that fails its integrity check (the same words in both adapters)."""
-    return CheckpointError(f"checkpoint {path!r} is damaged: {why}; restore an older checkpoint, or save into a "
-                           "directory (a path ending in '/') so resume falls back to the newest good one")
+    cause = f"checkpoint {path!r} is damaged: {why}"
+    return CheckpointError(f"{cause}; restore an older checkpoint, or save into a directory (a path ending in '/') "
+                           "so resume falls back to the newest good one", cause)
 
 
 def is_directory_target(path: str | os.PathLike) -> bool:
@@ -296,7 +307,7 @@ def read_from(path: str | os.PathLike, read: Callable[[str], Any], suffix: str) 
         chosen = CheckpointDir(path, suffix).select(read)
         return chosen.path, chosen.payload
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or start without --resume")
+        raise CheckpointError(f"checkpoint {path!r} does not exist: check the path, or {START_FRESH}")
     return path, read(path)
 
 

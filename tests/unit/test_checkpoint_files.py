@@ -73,8 +73,11 @@ def test_select_skips_a_checkpoint_that_does_not_load(tmp_path):
 def test_no_usable_checkpoint_names_each_and_the_fix(tmp_path):
     d = CheckpointDir(tmp_path, ".txt")
     d.save(1, writer("garbage 1"))
-    with pytest.raises(CheckpointError, match=r"ckpt-00000001.txt: .* is damaged.*start without --resume"):
+    with pytest.raises(CheckpointError, match=r"ckpt-00000001.txt: .* is damaged.*restore one from a backup") as info:
         read_from(str(tmp_path) + "/", read_text, ".txt")
+    assert str(info.value).count("restore") == 1, "each file's cause, then the fix once"
+    with pytest.raises(CheckpointError, match=r"does not exist: check the path, or pass missing_ok=True"):
+        read_from(str(tmp_path / "none.txt"), read_text, ".txt")
     with pytest.raises(CheckpointError, match="no checkpoints in"):
         read_from(str(tmp_path / "empty") + "/", read_text, ".txt")
 
