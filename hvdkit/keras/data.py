@@ -127,6 +127,7 @@ def _batches_class(mode: str) -> type:
             order = (np.random.default_rng(self.seed + epoch).permutation(self.epoch_size) if self.shuffle
                      else np.arange(self.epoch_size))
             self.epoch, self.start_sample = epoch, start_sample
+            self._fetched: set[int] = set()      # batches of this pass handed out (in this process)
             self._rows = np.asarray(resume_indices(order.tolist(), start_sample, self.rank, self.size,
                                                    drop_last=self.drop_remainder), dtype=np.int64)
             if start_sample and not len(self._rows):
@@ -152,6 +153,13 @@ def _batches_class(mode: str) -> type:
             else:
                 self.set_epoch(epoch, samples)
 
+        def on_epoch_end(self) -> None:
+            """Keras calls this after each epoch's pass, and Keras 3 also after peeking at batch 0 before fit.
+            A pass that fetched every batch moves on to the next epoch's order, so that ``model.fit(batches,
+            epochs=n)`` draws a new order each epoch without hk.callbacks too (they used to repeat epoch 0's)."""
+            if len(self._fetched) >= len(self):
+                self.set_epoch(self.epoch + 1)
+
         def position(self, batches: int) -> int:
             """Samples of the epoch the job has trained on after ``batches`` batches a rank since the pass began."""
             return samples_done(self.start_sample, batches, self.batch_size, self.size, self.epoch_size, len(self))
@@ -162,6 +170,7 @@ def _batches_class(mode: str) -> type:
         def __getitem__(self, index: int):
             if not 0 <= index < len(self):
                 raise IndexError(f"batch {index} of {len(self)}")
+            self._fetched.add(index)
             rows = self._rows[index * self.batch_size:(index + 1) * self.batch_size]
             xs = _take(self.x, rows)
             return xs if self.y is None else (xs, _take(self.y, rows))
@@ -209,9 +218,11 @@ def fit(model, data, *, epochs: int = 1, **fit_kwargs):
     if data.epoch >= epochs:               # a resumed job that had finished: nothing left to train
         return None
     if data.start_sample:
-        history = model.fit(data, epochs=data.epoch + 1, initial_epoch=data.epoch, **fit_kwargs)
+        started = data.epoch
+        history = model.fit(data, epochs=started + 1, initial_epoch=started, **fit_kwargs)
         logs = dict(history.history)
-        data.set_epoch(data.epoch + 1)
+        if data.epoch == started:          # stopped before the pass ended (on_epoch_end moves on after it)
+            data.set_epoch(started + 1)
         if getattr(model, "stop_training", False):       # EarlyStopping and the like ended it there
             return history
     if data.epoch < epochs:

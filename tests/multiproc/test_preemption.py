@@ -260,7 +260,10 @@ def test_model_fit_on_distributed_batches_refuses_what_would_lose_the_position(t
         shuffled, several = r["errors"]
         assert "shuffle=False" in shuffled and "hk.fit(model, batches" in shuffled
         assert "resume epoch 0 at sample 300" in several and "hk.fit(model, batches" in several
-        assert r["epochs"] == [1] and r["orders"][0] != r["orders"][1], "epoch 1 drew epoch 0's order again"
+        # After 2 epochs the next pass is epoch 2's (it used to stay at 1, the last one trained).
+        assert r["epochs"] == [2, 2] and r["orders"][0] != r["orders"][1], "epoch 1 drew epoch 0's order again"
+        # Before: without hk.callbacks nothing set the epoch, and every epoch repeated epoch 0's order.
+        assert r["plain_orders"] == r["orders"], "model.fit(batches) alone must draw each epoch's order"
 
 
 def test_a_keras_job_preempted_inside_its_warmup_still_warms_up_to_the_new_sizes_rate(tmp_path):

@@ -10,7 +10,7 @@ when each of its 600 samples was seen once; a skipped sample leaves 0, a repeate
   batches of 10 on 2 ranks: 300 samples) and exits 75.
 --phase resume: load on however many ranks this job has and finish epoch 0 with hk.fit.
 --phase misuse: the ways model.fit could lose the position, each must raise naming hk.fit; and
-  model.fit(batches, shuffle=False) over 2 epochs draws a new order in epoch 1.
+  model.fit(batches, shuffle=False) over 2 epochs draws a new order in epoch 1, with hk.callbacks and without.
 """
 
 import argparse
@@ -57,14 +57,23 @@ if args.phase == "misuse":
         except hk.UserError as exc:
             errors.append(str(exc))
     batches.set_epoch(0)
-    orders = []
 
     class RecordOrder(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            orders.append(batches._rows[:20].tolist())     # after hk.callbacks' own on_epoch_begin
+        def __init__(self, orders):
+            super().__init__()
+            self.orders = orders
 
-    model.fit(batches, epochs=2, verbose=0, shuffle=False, callbacks=hk.callbacks(RecordOrder()))
-    write_result(args.out, ctx.rank, {**result, "errors": errors, "epochs": [batches.epoch], "orders": orders})
+        def on_epoch_begin(self, epoch, logs=None):
+            self.orders.append(batches._rows[:20].tolist())     # after hk.callbacks' own on_epoch_begin
+
+    orders, plain = [], []
+    model.fit(batches, epochs=2, verbose=0, shuffle=False, callbacks=hk.callbacks(RecordOrder(orders)))
+    epochs = [batches.epoch]
+    # The same without hk.callbacks: Keras's own on_epoch_end must move the batches on.
+    batches.set_epoch(0)
+    model.fit(batches, epochs=2, verbose=0, shuffle=False, callbacks=[RecordOrder(plain)])
+    write_result(args.out, ctx.rank, {**result, "errors": errors, "epochs": epochs + [batches.epoch], "orders": orders,
+                                      "plain_orders": plain})
 elif args.phase == "resume":
     extra = hk.load_checkpoint(args.ckpt, model, model.optimizer)
     batches.resume(extra)
