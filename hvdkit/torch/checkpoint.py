@@ -38,6 +38,7 @@ from hvdkit.runtime.checkpoint_files import (
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
 from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
+from hvdkit.torch.sharded import is_sharded
 from hvdkit.torch.tensors import plain_module, to_cpu
 
 log = logging.getLogger("hvdkit.torch")
@@ -75,14 +76,18 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
     """
     ctx = current()
+    # A sharded optimizer's state is gathered from every rank, so each takes part before rank 0 writes.
+    optimizer_state = optimizer.state_dict() if optimizer is not None and is_sharded(optimizer) else None
     if not ctx.is_main:
         return False
+    if optimizer is not None and optimizer_state is None:
+        optimizer_state = optimizer.state_dict()
     state = {
         "format": FORMAT,
         "hvdkit_version": hvdkit.__version__,
         "world_size": ctx.size,
         "model": to_cpu(plain_module(model).state_dict()),
-        "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+        "optimizer": to_cpu(optimizer_state) if optimizer is not None else None,
         "extra": extra,
     }
     if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume

@@ -35,6 +35,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.context import current
+from hvdkit.torch.sharded import is_sharded
 
 
 def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -68,6 +69,9 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
             raise UserError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
+        if is_sharded(optimizer):
+            raise UserError("an elastic job cannot use shard_optimizer_state yet (the slices would have to be "
+                            "re-cut when the world size changes): leave it off in elastic jobs")
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):
             base_lr = [base_lr] * groups

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import context, state
@@ -38,7 +39,8 @@ def _is_wrapped(optimizer: torch.optim.Optimizer) -> bool:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, *,
                          compression: str = "none", backward_passes_per_step: int = 1,
                          op: str = "average", gradient_predivide_factor: float = 1.0,
-                         sparse_as_dense: bool = False, check_finite: bool = True) -> torch.optim.Optimizer:
+                         sparse_as_dense: bool = False, check_finite: bool = True,
+                         shard_optimizer_state: bool = False) -> torch.optim.Optimizer:
     """Step 3: average gradients across ranks with Horovod's ring-allreduce.
 
     ``model`` supplies parameter names (so Horovod's tensor names match on all
@@ -49,7 +51,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     bytes on the wire. ``check_finite`` (on by default) stops a step whose
     averaged gradient holds NaN or inf before it is applied, naming the rank
     that produced it (:mod:`hvdkit.torch.nonfinite`; its cost is in
-    docs/RELIABILITY.md).
+    docs/RELIABILITY.md). ``shard_optimizer_state=True`` keeps 1/N of the
+    optimizer state on each rank (ZeRO stage 1, :mod:`hvdkit.torch.sharded`):
+    gradients are averaged as before, each rank updates its slice of every
+    parameter, and the slices are all-gathered after ``step()``.
     """
     ctx = current()
     if _is_wrapped(optimizer):
@@ -64,6 +69,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     op, compression = reduce_options(op, compression)
     if backward_passes_per_step < 1:
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if shard_optimizer_state:
+        sharded.check_supported(type(optimizer))
+    if shard_optimizer_state and op == "adasum":
+        raise UserError("shard_optimizer_state works with op='average' or 'sum': Adasum combines whole updates, "
+                        "not gradients, so there is no average to update a slice from")
 
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
@@ -98,6 +108,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         _AverageWhenBackwardReturns(wrapped)
         if check_finite and wrapped._grad_accs:   # none at size 1: nothing to spread
             NonFiniteCheck(wrapped)
+    if shard_optimizer_state and ctx.size > 1:
+        sharded.shard(wrapped, ctx.rank, ctx.size)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
 
@@ -250,8 +262,10 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is None:
         return
     rank = current().rank
-    opt_state = optimizer.state_dict() if rank == root_rank else None
-    opt_state = backend.broadcast_object(to_cpu(opt_state), root_rank, name="hvdkit.optimizer_state")
+    collective = sharded.is_sharded(optimizer)          # every rank gathers the slices
+    opt_state = optimizer.state_dict() if rank == root_rank or collective else None
+    opt_state = backend.broadcast_object(to_cpu(opt_state) if rank == root_rank else None, root_rank,
+                                         name="hvdkit.optimizer_state")
     if rank != root_rank:
         optimizer.load_state_dict(opt_state)
 

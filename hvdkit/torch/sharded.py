@@ -1,0 +1,185 @@
+"""Sharded optimizer state (ZeRO stage 1): each rank keeps 1/N of the optimizer state and updates 1/N of the model.
+
+Example::
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=hk.scale_lr(1e-3))
+    optimizer = hk.DistributedOptimizer(optimizer, model, shard_optimizer_state=True)
+    hk.broadcast_state(model, optimizer)
+
+Gradients are averaged exactly as without sharding: all of them, by the time
+``backward()`` returns, so clipping, AMP's unscale and the non-finite check see
+the average. ``step()`` then updates, on each rank, one slice of every
+parameter (flattened, rank r holds elements ``[r*c, (r+1)*c)`` with
+``c = ceil(numel / size)``) with the optimizer's own update rule, so the state
+(Adam's two moments, SGD's momentum) exists only for that slice; the updated
+slices are then all-gathered, one grouped allgather a step. This is the design
+of torch's ``ZeroRedundancyOptimizer`` beside DDP (average, step a part, share
+the parameters), with slices instead of whole parameters, so that every rank
+holds the same 1/N whatever the parameters' sizes. Slicing gives the same
+numbers only for an update that works element by element, so
+:data:`ELEMENTWISE` lists the optimizers it accepts.
+
+``state_dict()`` gathers the slices into the state an unsharded optimizer
+holds (the same format, consolidated), and ``load_state_dict()`` takes such a
+state and keeps this rank's slices: a checkpoint moves between sharded and
+unsharded jobs and between world sizes. Both are collective: every rank calls
+them (``hk.save_checkpoint`` and ``hk.broadcast_state`` do).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hvdkit.backends.torch import hvd
+from hvdkit.common.errors import UserError
+
+# torch's optimizers whose update of an element reads only that element's gradient and state.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
+
+
+def check_supported(optimizer_class: type) -> None:
+    """Refuse, on any number of ranks, an optimizer whose update of an element reads other elements."""
+    if optimizer_class.__name__ not in ELEMENTWISE or optimizer_class.__module__.split(".")[0] != "torch":
+        raise UserError(f"shard_optimizer_state needs an optimizer that updates each element on its own "
+                        f"(torch's {', '.join(ELEMENTWISE)}), got {optimizer_class.__name__}: shard one of those, "
+                        "or leave shard_optimizer_state off")
+
+
+def _is_full(value, param: torch.Tensor) -> bool:
+    """A state entry laid out like its parameter (a moment), not a scalar such as Adam's step count."""
+    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == param.numel()
+
+
+class Shards:
+    """This rank's slice of every parameter, as views into the parameters, and the optimizer that steps them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, original: type, rank: int, size: int):
+        check_supported(original)
+        self.optimizer, self.rank, self.size = optimizer, rank, size
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.ranges, self.views = [], []
+        for p in self.params:
+            if not p.is_contiguous():
+                raise UserError(f"a parameter of shape {tuple(p.shape)} is not contiguous, which sharding needs: "
+                                "make it contiguous (p.data = p.data.contiguous()) before creating the optimizer")
+            chunk = math.ceil(p.numel() / size)
+            start, end = min(rank * chunk, p.numel()), min((rank + 1) * chunk, p.numel())
+            self.ranges.append((start, end))
+            self.views.append(p.detach().view(-1)[start:end])     # shares the parameter's storage
+        index = {id(p): i for i, p in enumerate(self.params)}
+        groups = [{**self._options(g), "params": [self.views[index[id(p)]] for p in g["params"]]}
+                  for g in optimizer.param_groups]
+        self.inner = original(groups, **optimizer.defaults)
+
+    @staticmethod
+    def _options(group: dict) -> dict:
+        return {k: v for k, v in group.items() if k != "params"}
+
+    def step(self) -> None:
+        """Update this rank's slices from the averaged gradients, then gather every rank's into the parameters."""
+        for inner, group in zip(self.inner.param_groups, self.optimizer.param_groups):
+            inner.update(self._options(group))            # a scheduler or a hand edit changed the rate
+        stepped = []
+        for p, view, (start, end) in zip(self.params, self.views, self.ranges):
+            view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
+            if p.grad is not None:              # None on every rank alike (the gradients are averaged)
+                stepped.append((p, view))
+        self.inner.step()
+        if stepped:
+            gathered = hvd.grouped_allgather([view.contiguous() for _, view in stepped], name="hvdkit.shards")
+            for (p, _), full in zip(stepped, gathered):
+                p.detach().view(-1).copy_(full)
+        for view in self.views:
+            view.grad = None
+
+    def state_bytes(self) -> int:
+        """The bytes this rank's optimizer state holds (what sharding divides by the world size)."""
+        return sum(v.numel() * v.element_size() for s in self.inner.state.values() for v in s.values()
+                   if torch.is_tensor(v))
+
+    def state_dict(self) -> dict:
+        """The unsharded optimizer's state_dict, every rank's slices gathered (collective)."""
+        packed = torch.optim.Optimizer.state_dict(self.optimizer)      # param_groups; its own state is empty
+        entries, slices = [], []
+        for i, view in enumerate(self.views):
+            for key, value in sorted(self.inner.state.get(view, {}).items()):
+                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == view.numel():
+                    entries.append((i, key))
+                    slices.append(value.contiguous())
+        gathered = hvd.grouped_allgather(slices, name="hvdkit.shards.state") if slices else []
+        state = {}
+        for i, view in enumerate(self.views):
+            inner = self.inner.state.get(view)
+            if inner:
+                state[i] = {k: v for k, v in inner.items()}
+        for (i, key), full in zip(entries, gathered):
+            state[i][key] = full.view_as(self.params[i])
+        packed["state"] = state
+        return packed
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take an unsharded optimizer's state_dict (from any world size, sharded or not): keep this rank's slices."""
+        groups = state_dict.get("param_groups", [])
+        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
+        if [len(g["params"]) for g in groups] != sizes:
+            raise UserError(f"the optimizer state has param groups of {[len(g['params']) for g in groups]} "
+                            f"parameters, this optimizer {sizes}: build the optimizer as the saving script did")
+        for group, saved in zip(self.optimizer.param_groups, groups):
+            group.update(self._options(saved))
+        self.inner.state.clear()
+        for key, entry in state_dict.get("state", {}).items():
+            i = int(key)
+            p, view, (start, end) = self.params[i], self.views[i], self.ranges[i]
+            self.inner.state[view] = {
+                k: (v.reshape(-1)[start:end].to(device=view.device, dtype=view.dtype).clone() if _is_full(v, p)
+                    else v.clone() if torch.is_tensor(v) else v)
+                for k, v in entry.items()}
+
+
+def _step(self, closure=None):
+    """Horovod's step (wait for the averages unless skip_synchronize), then the sharded update."""
+    if closure is not None:
+        raise UserError("step(closure) is not supported with shard_optimizer_state: call loss.backward() and "
+                        "optimizer.step() without a closure")
+    if self._should_synchronize:
+        self.synchronize()
+    self._synchronized = False
+    self._hvdkit_shards.step()
+
+
+def _state_dict(self):
+    return self._hvdkit_shards.state_dict()
+
+
+def _load_state_dict(self, state_dict):
+    self._hvdkit_shards.load_state_dict(state_dict)
+
+
+def _add_param_group(self, param_group):
+    raise UserError("add_param_group after DistributedOptimizer(shard_optimizer_state=True) is not supported: "
+                    "give the optimizer every parameter group before wrapping it")
+
+
+def shard(optimizer: torch.optim.Optimizer, rank: int, size: int) -> torch.optim.Optimizer:
+    """Turn Horovod's wrapped ``optimizer`` into a sharded one, in place (see the module's docstring)."""
+    horovod_class = type(optimizer)
+    original = horovod_class.__bases__[0]           # Horovod's class derives from the user's optimizer class
+    existing = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None   # loaded before wrapping
+    optimizer._hvdkit_shards = Shards(optimizer, original, rank, size)
+    if existing is not None:
+        optimizer._hvdkit_shards.load_state_dict(existing)
+        optimizer.state.clear()                     # the full copy: this rank keeps its slices only
+    # Horovod made this class for this optimizer alone, and its methods call super(self.__class__, ...), which a
+    # subclass would turn into a loop: replace its methods in place.
+    for name, method in (("step", _step), ("state_dict", _state_dict), ("load_state_dict", _load_state_dict),
+                         ("add_param_group", _add_param_group)):
+        setattr(horovod_class, name, method)
+    horovod_class._step_supports_amp_scaling = False   # GradScaler unscales the full gradients before step()
+    optimizer._patch_step_function()            # torch's step hooks (the non-finite check, user hooks) on it
+    return optimizer
+
+
+def is_sharded(optimizer) -> bool:
+    return getattr(optimizer, "_hvdkit_shards", None) is not None

@@ -1,0 +1,60 @@
+"""hk.DistributedOptimizer(shard_optimizer_state=True): ZeRO stage 1 against the same job unsharded (issue 39).
+
+Real horovodrun jobs (tests/multiproc/workers/torch_sharded.py): from one start, 20 steps of 2 accumulated
+micro-batches with clip_grad_norm_ between backward and step, in float64, sharded and not; a checkpoint saved
+sharded on 2 ranks, resumed on 1 and on 3.
+"""
+
+import pytest
+
+from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_job
+
+pytestmark = pytest.mark.multiproc
+WORKER = str(WORKERS / "torch_sharded.py")
+
+
+@pytest.mark.parametrize("np,optimizer", [(2, "adam"), (2, "sgd"), (3, "adam"), (3, "sgd"), (4, "adam")])
+def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer):
+    proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(tmp_path), "--optimizer", optimizer]), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    results = read_rank_results(tmp_path, np, proc.stdout)
+    assert {r["size"] for r in results} == {np}
+    for r in results:
+        assert r["moved"] > 0.01, "the sharded job did not train"
+        assert r["param_diff"] <= 1e-12 and r["state_diff"] <= 1e-12, r
+        assert r["same_keys"] and r["plain_state_empty"], r
+        # Each rank's state: 1/N of the unsharded state, within 10% (Adam's step counts stay whole).
+        assert abs(r["sharded_bytes"] - r["plain_bytes"] / np) <= 0.1 * r["plain_bytes"] / np, r
+    assert sum(r["sharded_bytes"] for r in results) <= 1.02 * results[0]["plain_bytes"]
+
+
+def test_a_sharded_checkpoint_resumes_on_other_world_sizes_sharded_or_not(tmp_path):
+    """Saved sharded on 2 ranks (one consolidated file, an unsharded optimizer's format), resumed on 1 rank and
+    sharded on 3: the 5 steps after it end where the 2-rank job's own 5 steps did."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    runs = {}
+    for name, np, extra in (("save", 2, ["--phase", "save"]), ("one", 1, ["--phase", "resume"]),
+                            ("three", 3, ["--phase", "resume", "--shard"])):
+        out = tmp_path / name
+        out.mkdir()
+        proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(out), "--ckpt", ckpt, *extra]), timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        runs[name] = read_rank_results(out, np, proc.stdout)
+        assert {r["size"] for r in runs[name]} == {np}
+    reference = runs["save"][0]["params"]
+    assert [r["sharded"] for r in runs["three"]] == [True] * 3 and runs["one"][0]["sharded"] is False
+    for name in ("one", "three"):
+        for r in runs[name]:
+            assert max(abs(a - b) for a, b in zip(reference, r["params"])) <= 1e-12, (name, r["rank"])
+
+
+def test_what_sharding_cannot_do_is_one_user_error_each(tmp_path):
+    proc = run_job(horovodrun_cmd(2, [WORKER, "--out", str(tmp_path), "--phase", "refusals"]), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for r in read_rank_results(tmp_path, 2, proc.stdout):
+        errors = r["errors"]
+        assert "got LBFGS" in errors["lbfgs"] and "Adam" in errors["lbfgs"]
+        assert "op='average'" in errors["adasum"]
+        assert "without a closure" in errors["closure"]
+        assert "every parameter group before wrapping" in errors["add_param_group"]
+        assert "leave it off in elastic jobs" in errors["elastic"]

@@ -1,0 +1,136 @@
+"""Worker: hk.DistributedOptimizer(shard_optimizer_state=True) against the same job unsharded (issue 39).
+
+The data is one global batch of 12 rows per micro-batch, cut into equal slices per rank, so the averaged
+gradient is the same on 1, 2, 3 or 4 ranks and a checkpoint can be compared across world sizes.
+
+--phase compare: from one start, --steps steps of each (float64, 2 micro-batches a step with
+  backward_passes_per_step=2, clip_grad_norm_ between backward and step); the largest difference in the
+  parameters and in the consolidated optimizer state, and the state bytes each rank holds.
+--phase save: 5 steps sharded, save_checkpoint, 5 more; the final parameters.
+--phase resume: load the checkpoint (sharded with --shard), 5 steps; the final parameters.
+--phase refusals: what sharding cannot do, each a UserError: LBFGS, Adasum, step(closure), add_param_group,
+  an elastic state.
+"""
+
+import argparse
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from rank_results import write_result
+
+import hvdkit.torch as hk
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+p.add_argument("--phase", choices=["compare", "save", "resume", "refusals"], default="compare")
+p.add_argument("--ckpt")
+p.add_argument("--shard", action="store_true", help="resume into a sharded optimizer")
+p.add_argument("--steps", type=int, default=20)
+args = p.parse_args()
+
+ctx = hk.init(threads=1)
+torch.set_default_dtype(torch.float64)
+torch.manual_seed(0)
+G, K, CLIP = 12, 2, 0.5
+data = torch.randn(40, K, G, 10), torch.randint(0, 3, (40, K, G))
+
+
+class Net(nn.Module):
+    """Two layers and a one-element temperature, which leaves ranks past the first with an empty slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(10, 32), nn.Linear(32, 3)
+        self.temperature = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x))) * self.temperature
+
+
+def make(model, shard):
+    if args.optimizer == "sgd":
+        inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    else:
+        inner = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-4)
+    opt = hk.DistributedOptimizer(inner, model, backward_passes_per_step=K, shard_optimizer_state=shard)
+    hk.broadcast_state(model, opt)
+    return opt
+
+
+def train(model, opt, steps, first=0):
+    rows = slice(ctx.rank * G // ctx.size, (ctx.rank + 1) * G // ctx.size)
+    for step in range(first, first + steps):
+        for micro in range(K):
+            x, y = data[0][step, micro, rows], data[1][step, micro, rows]
+            F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)     # sees the averaged gradients
+        opt.step()
+        opt.zero_grad()
+
+
+def params(model):
+    return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+
+
+def state_bytes(opt):
+    shards = getattr(opt, "_hvdkit_shards", None)
+    if shards is not None:
+        return shards.state_bytes()
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+result = {"rank": ctx.rank, "size": ctx.size}
+if args.phase == "compare":
+    plain_model = Net()
+    sharded_model = copy.deepcopy(plain_model)
+    initial = params(plain_model)
+    plain, sharded = make(plain_model, False), make(sharded_model, True)
+    train(plain_model, plain, args.steps)
+    train(sharded_model, sharded, args.steps)
+    a, b = plain.state_dict(), sharded.state_dict()          # collective for the sharded one
+    state_diff = max(float((torch.as_tensor(a["state"][i][k]) - torch.as_tensor(v)).abs().max())
+                     for i, s in b["state"].items() for k, v in s.items())
+    result.update(param_diff=float((params(plain_model) - params(sharded_model)).abs().max()),
+                  moved=float((params(sharded_model) - initial).abs().max()),
+                  state_diff=state_diff, same_keys=sorted(a["state"]) == sorted(b["state"]) and all(
+                      sorted(a["state"][i]) == sorted(b["state"][i]) for i in a["state"]),
+                  plain_bytes=state_bytes(plain), sharded_bytes=state_bytes(sharded),
+                  plain_state_empty=len(sharded.state) == 0)
+elif args.phase == "save":
+    model = Net()
+    opt = make(model, True)
+    train(model, opt, 5)
+    hk.save_checkpoint(args.ckpt, model, opt, epoch=0)
+    train(model, opt, 5, first=5)
+    result["params"] = params(model).tolist()
+elif args.phase == "refusals":
+    model = Net()
+    cases = {
+        "lbfgs": lambda: hk.DistributedOptimizer(torch.optim.LBFGS(model.parameters()), model,
+                                                 shard_optimizer_state=True),
+        "adasum": lambda: hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, op="adasum",
+                                                  shard_optimizer_state=True),
+    }
+    opt = make(model, True)
+    cases["closure"] = lambda: opt.step(lambda: 0.0)
+    cases["add_param_group"] = lambda: opt.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
+    cases["elastic"] = lambda: hk.elastic.ElasticState(model, opt)
+    errors = {}
+    for name, call in cases.items():
+        try:
+            call()
+            errors[name] = None
+        except hk.UserError as exc:
+            errors[name] = str(exc)
+    result["errors"] = errors
+else:
+    model = Net()
+    opt = make(model, args.shard)
+    hk.load_checkpoint(args.ckpt, model, opt)
+    train(model, opt, 5, first=5)
+    result["params"] = params(model).tolist()
+    result["sharded"] = getattr(opt, "_hvdkit_shards", None) is not None
+write_result(args.out, ctx.rank, result)
