@@ -13,9 +13,12 @@ pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_sharded.py")
 
 
-@pytest.mark.parametrize("np,optimizer", [(2, "adam"), (2, "sgd"), (3, "adam"), (3, "sgd"), (4, "adam")])
-def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer):
-    proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(tmp_path), "--optimizer", optimizer]), timeout=240)
+@pytest.mark.parametrize("np,optimizer,amp", [(2, "adam", False), (2, "sgd", False), (3, "adam", False),
+                                              (3, "sgd", False), (4, "adam", False), (2, "adam", True)])
+def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer, amp):
+    """amp: float32 with a GradScaler (scale, unscale_, clip, scaler.step), as the AMP recipe is written."""
+    argv = [WORKER, "--out", str(tmp_path), "--optimizer", optimizer, *(["--amp"] if amp else [])]
+    proc = run_job(horovodrun_cmd(np, argv), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:]
     results = read_rank_results(tmp_path, np, proc.stdout)
     assert {r["size"] for r in results} == {np}

@@ -29,10 +29,11 @@ p.add_argument("--phase", choices=["compare", "save", "resume", "refusals"], def
 p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true", help="resume into a sharded optimizer")
 p.add_argument("--steps", type=int, default=20)
+p.add_argument("--amp", action="store_true", help="float32 with a GradScaler: unscale_, clip, scaler.step")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
-torch.set_default_dtype(torch.float64)
+torch.set_default_dtype(torch.float32 if args.amp else torch.float64)
 torch.manual_seed(0)
 G, K, CLIP = 12, 2, 0.5
 data = torch.randn(40, K, G, 10), torch.randint(0, 3, (40, K, G))
@@ -62,12 +63,20 @@ def make(model, shard):
 
 def train(model, opt, steps, first=0):
     rows = slice(ctx.rank * G // ctx.size, (ctx.rank + 1) * G // ctx.size)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.amp else None
     for step in range(first, first + steps):
         for micro in range(K):
             x, y = data[0][step, micro, rows], data[1][step, micro, rows]
-            F.cross_entropy(model(x), y).backward()
+            loss = F.cross_entropy(model(x), y)
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)     # sees the averaged gradients
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         opt.zero_grad()
 
 

@@ -1,0 +1,162 @@
+"""Issue 39: optimizer-state memory per rank and step time, sharded against unsharded hvdkit and torch's ZeRO.
+
+Run from the repository root: .venv/bin/python docs/bench/sharded_state.py [--steps 5] [--np 1,2,4]
+Each (model, world size, implementation) is one job on this host, run in turn, the three at one size back to
+back: hvdkit (DistributedOptimizer, Adam), hvdkit-sharded (shard_optimizer_state=True) under horovodrun,
+and torch-zero (DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer over Adam, Gloo)
+under torchrun. Memory is the bytes of the optimizer state each rank holds (every tensor in the state, the
+largest rank's), time the median of the timed steps on rank 0. The table goes to stdout and
+docs/bench/sharded_state.txt.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+IMPLS = ("hvdkit", "hvdkit-sharded", "torch-zero")
+
+
+def transformer():
+    import torch.nn as nn
+
+    class Encoder(nn.Module):
+        """A 6-layer, 512-wide encoder with an 8000-token embedding and head: 27M parameters."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(8000, 512)
+            layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+            self.body = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+            self.head = nn.Linear(512, 8000)
+
+        def forward(self, tokens):
+            return self.head(self.body(self.embed(tokens))).flatten(0, 1)
+
+    return Encoder()
+
+
+def batch(model_name, size, generator):
+    import torch
+
+    if model_name == "resnet50":
+        return torch.randn(size, 3, 64, 64, generator=generator), torch.randint(0, 10, (size,), generator=generator)
+    tokens = torch.randint(0, 8000, (size, 64), generator=generator)
+    return tokens, tokens.flatten()
+
+
+def worker(args):
+    import torch
+    import torch.nn.functional as F
+
+    from hvdkit.bench.models import MODELS
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MODELS["resnet50"]() if args.model == "resnet50" else transformer()
+    if args.impl == "torch-zero":
+        import torch.distributed as dist
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        model = DistributedDataParallel(model)
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        state = lambda: optimizer.optim.state      # noqa: E731  (this rank's local optimizer)
+        barrier = dist.barrier
+    else:
+        import hvdkit.torch as hk
+
+        ctx = hk.init(seed=0, threads=1)
+        rank, size = ctx.rank, ctx.size
+        optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), model,
+                                            shard_optimizer_state=args.impl == "hvdkit-sharded")
+        hk.broadcast_state(model, optimizer)
+        shards = getattr(optimizer, "_hvdkit_shards", None)
+        state = lambda: shards.inner.state if shards is not None else optimizer.state     # noqa: E731
+        barrier = lambda: hk.allreduce_sum(0.0, name="bench.barrier")                       # noqa: E731
+    generator = torch.Generator().manual_seed(rank)
+    times = []
+    for step in range(args.warmup + args.steps):
+        x, y = batch(args.model, args.batch_size, generator)
+        barrier()
+        start = time.perf_counter()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    state_bytes = sum(v.numel() * v.element_size() for s in state().values() for v in s.values()
+                      if torch.is_tensor(v))
+    params = sum(p.numel() for p in model.parameters())
+    out = Path(args.out) / f"rank{rank}.json"
+    out.write_text(json.dumps({"rank": rank, "size": size, "state_bytes": state_bytes, "params": params,
+                               "step_s": statistics.median(times)}))
+
+
+def launch(impl, model, np, args, out):
+    py = Path(sys.executable)
+    argv = [__file__, "--worker", "--impl", impl, "--model", model, "--batch-size", str(args.batch_size),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out)]
+    if impl == "torch-zero":
+        cmd = [str(py.parent / "torchrun"), "--standalone", f"--nproc-per-node={np}", *argv]
+    else:
+        cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", str(py), *argv]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{impl} {model} np={np} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(np)]
+    assert {r["size"] for r in ranks} == {np}
+    return {"state_mib": max(r["state_bytes"] for r in ranks) / 2**20, "step_s": ranks[0]["step_s"],
+            "params": ranks[0]["params"]}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--impl", choices=IMPLS)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--models", default="resnet50,transformer")
+    p.add_argument("--np", default="1,2,4")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", default="/tmp/sharded-state")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    from hvdkit.bench.results import machine
+
+    rows = []
+    for model in args.models.split(","):
+        for np in (int(n) for n in args.np.split(",")):
+            for impl in IMPLS:
+                out = Path(args.out) / f"{model}-{np}-{impl}"
+                out.mkdir(parents=True, exist_ok=True)
+                load = os.getloadavg()[0]
+                measured = launch(impl, model, np, args, out)
+                rows.append({"model": model, "np": np, "impl": impl, "load": load, **measured})
+                print(json.dumps(rows[-1]), flush=True)
+    base = {(r["model"], r["np"]): r for r in rows if r["impl"] == "hvdkit"}
+    lines = [f"machine: {json.dumps(machine())}",
+             f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}; "
+             "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size",
+             f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'step s':>9}{'load':>6}"]
+    for r in rows:
+        share = r["state_mib"] / base[(r["model"], r["np"])]["state_mib"]
+        lines.append(f"{r['model']:<12}{r['np']:>3}  {r['impl']:<15}{r['state_mib']:>10.1f}{share:>8.3f}"
+                     f"{r['step_s']:>9.3f}{r['load']:>6.2f}")
+    text = "\n".join(lines)
+    print(text)
+    (ROOT / "docs" / "bench" / "sharded_state.txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
