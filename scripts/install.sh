@@ -11,10 +11,9 @@
 #   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
 #   scripts/install.sh --strip-build-tools # remove nvcc's wheels, cmake and uv from a GPU venv after the build
 #
-# Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu), HVDKIT_PYTHON (default python3),
-# HVDKIT_CACHE_DIR (default ~/.cache/hvdkit; uv's cache is its uv/ unless UV_CACHE_DIR), HVDKIT_NO_APT=1,
-# HVDKIT_TORCH_VERSION (build against another torch than the lock's), CXX; GPU: CUDA_HOME (a toolkit of
-# torch's CUDA major; without it nvcc comes from NVIDIA's wheels), HOROVOD_BUILD_CUDA_CC_LIST.
+# Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu), HVDKIT_PYTHON (default python3), HVDKIT_CACHE_DIR
+# (default ~/.cache/hvdkit; uv's cache: its uv/), HVDKIT_NO_APT=1, HVDKIT_TORCH_VERSION (another torch than the
+# lock's), CXX; GPU: CUDA_HOME (torch's CUDA major; else nvcc from NVIDIA's wheels), HOROVOD_BUILD_CUDA_CC_LIST.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,13 +23,14 @@ PYTHON=${HVDKIT_PYTHON:-python3}
 CXX_BIN=${CXX:-c++}
 CACHE_DIR=${HVDKIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdkit}
 
-die() { echo "hvdkit install: error: $*" >&2; exit 1; }
-step() { echo "==> $*"; }
+die() { echo "hvdkit install: error: $*" >&2; exit 1; }; step() { echo "==> $*"; }
+case " $* " in *" -h "*|*" --help "*) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+[ -z "${HVDKIT_INSTALLER:-}" ] || die "HVDKIT_INSTALLER is no longer read (uv installs everything at requirements.lock's versions): unset it"
 
 # Every pin as a shell variable, read by the interpreter the venv will use.
 command -v "$PYTHON" >/dev/null 2>&1 \
   || die "Python interpreter '$PYTHON' not found: install python3.11 (apt-get install python3 python3-venv) or set HVDKIT_PYTHON"
-PINS=$("$PYTHON" "$ROOT/scripts/installer.py" pins 2>&1) || die "${PINS#hvdkit pins: error: }"
+PINS=$("$PYTHON" "$ROOT/scripts/installer.py" pins 2> >(sed 's/^hvdkit pins: error: /hvdkit install: error: /' >&2)) || exit 1
 while IFS='=' read -r key value; do printf -v "$key" '%s' "$value"; done <<<"$PINS"
 PATCH_FILE="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION.patch"
 
@@ -58,14 +58,14 @@ while [ $# -gt 0 ]; do
     --strip-build-tools) STRIP=1 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
-    -h|--help) sed -n '2,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins, --patch-only DIR, --no-project or --strip-build-tools" ;;
   esac
   shift
 done
 if [ -n "$PATCH_ONLY_DIR" ]; then
   command -v patch >/dev/null 2>&1 || die "'patch' not found: apt-get install patch"
-  apply_patch "$PATCH_ONLY_DIR" && echo "patched $PATCH_ONLY_DIR with scripts/patches/$(basename "$PATCH_FILE")" && exit 0
+  apply_patch "$PATCH_ONLY_DIR"          # not in an && list: set -e must stop a failed patch
+  echo "patched $PATCH_ONLY_DIR with scripts/patches/$(basename "$PATCH_FILE")"; exit 0
 fi
 
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
@@ -75,8 +75,8 @@ if [ "$STRIP" = 1 ]; then
   # What only the Horovod build needs (the runtime image has none): nvcc's wheels, cmake and uv; and
   # static archives only a linker reads (triton's CUPTI copies: about 170 MB).
   [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV to strip: set HVDKIT_VENV"
-  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl)[^=]*)==' | tr -d =)
-  step "removing build-only packages: $(echo $build_only)" && "$VENV/bin/python" -m pip uninstall -y -q $build_only
+  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl)[^=]*)==' | tr -d = || true)
+  [ -z "$build_only" ] || { step "removing build-only packages: $(echo $build_only)"; "$VENV/bin/python" -m pip uninstall -y -q $build_only; }
   find "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" -name '*_static.a' -type f -print -delete
   exit 0
 fi
@@ -119,29 +119,27 @@ need_debian() {
   else die "$what not found (no $* on PATH): apt-get install $packages (as root), then rerun"; fi
 }
 
-# nvcc's CUDA major must be torch's: one process loads one CUDA. CUDA_HOME is checked before anything is made.
-check_nvcc() {  # check_nvcc DIR HOW-TO-FIX
-  [ -x "$1/bin/nvcc" ] || die "$1 has no bin/nvcc: $2"
+# nvcc's CUDA major must be torch's: one process loads one CUDA. CUDA_HOME is checked before anything is made
+# (against the pin; another torch's major is known only once it is installed), then against torch's own.
+check_nvcc() {  # check_nvcc DIR MAJOR(empty: any) HOW-TO-FIX
+  [ -x "$1/bin/nvcc" ] || die "$1 has no bin/nvcc: $3"
   local release; release=$("$1/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
-  [ -n "${HVDKIT_TORCH_VERSION:-}" ] || [ "${release%%.*}" = "$TORCH_CUDA_MAJOR" ] \
-    || die "nvcc in $1 is CUDA ${release:-unknown} but torch $TORCH_VERSION is built for CUDA $TORCH_CUDA_MAJOR: $2"
+  [ -z "$2" ] || [ "${release%%.*}" = "$2" ] || die "nvcc in $1 is CUDA ${release:-unknown} but torch $TORCH_VERSION is built for CUDA $2: $3"
 }
 CUDA_FIX="point CUDA_HOME at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
 
 step "checking prerequisites ($MODE mode)" && check_python && check_compiler
 need_debian OpenMPI "openmpi-bin libopenmpi-dev" mpicxx mpirun
 need_debian patch patch patch
-[ "$MODE" = cpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$CUDA_FIX"
+[ "$MODE" = cpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$([ -n "${HVDKIT_TORCH_VERSION:-}" ] || echo "$TORCH_CUDA_MAJOR")" "$CUDA_FIX"
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK ($MODE flavour, virtualenv $VENV)"; exit 0; fi
 
 # ---- 2. the venv and the flavour's packages, with uv at the lock's versions ----
-if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-  step "creating virtualenv $VENV"
-  rm -rf "$VENV" && "$PYTHON" -m venv "$VENV"   # removes a half-made venv an interrupted run left
-fi
-rm -f "$STAMP"     # written again only when everything below succeeds
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)   # quiet, less its per-package note on a missing local mirror
+# A venv without a working pip is what an interrupted run leaves: made again.
+"$VENV/bin/python" -m pip --version >/dev/null 2>&1 || { step "creating virtualenv $VENV"; rm -rf "$VENV"; "$PYTHON" -m venv "$VENV"; }
+rm -f "$STAMP"; PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)   # the stamp: when all below succeeded
+# pip, quiet, less its per-package note on a missing local mirror.
 pip_q() { "${PIP[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 # The lock as uv and pip read it: every version pinned; another torch (HVDKIT_TORCH_VERSION) brings its own CUDA wheels.
 PINS_FILE=$LOCK; [ -z "${HVDKIT_TORCH_VERSION:-}" ] || { PINS_FILE="$VENV/.hvdkit-pins.txt"; { grep -v -E '^(torch|triton|cuda-|nvidia-)' "$LOCK"; echo "torch==$TORCH_VERSION"; } > "$PINS_FILE"; }
@@ -165,7 +163,7 @@ if [ "$MODE" = gpu ]; then
     || die "torch $TORCH_VERSION is built for CUDA $torch_cuda but pyproject.toml's [tool.hvdkit] says CUDA $TORCH_CUDA_MAJOR: set torch-cuda-major (and Dockerfile.gpu's CUDA_VERSION) to ${torch_cuda%%.*}"
   TORCH_CUDA_MAJOR=${torch_cuda%%.*}
   CUDA_ROOT=${CUDA_HOME:-$SITE/nvidia/cu$TORCH_CUDA_MAJOR}
-  check_nvcc "$CUDA_ROOT" "$CUDA_FIX"
+  check_nvcc "$CUDA_ROOT" "$TORCH_CUDA_MAJOR" "$CUDA_FIX"
   # The wheels lay out a toolkit in lib/; nvcc links from lib64/ and CMake's FindCUDAToolkit wants libcudart.so.
   [ -n "${CUDA_HOME:-}" ] || [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
   [ -n "${CUDA_HOME:-}" ] || [ -e "$CUDA_ROOT/lib/libcudart.so" ] || ln -s "libcudart.so.$TORCH_CUDA_MAJOR" "$CUDA_ROOT/lib/libcudart.so"
@@ -243,7 +241,8 @@ step "installing hvdkit (editable, .[$(IFS=,; echo "${EXTRAS[*]}")])"
 "${UV[@]}" --no-build-isolation -e "$ROOT[$(IFS=,; echo "${EXTRAS[*]}")]" || die "uv could not install hvdkit (its message is above)"
 step "checking Horovod's build (hvdkit env asks the built extension itself)"
 if [ "$MODE" = gpu ]; then REQUIRE=torch,mpi,gloo,nccl,cuda; else REQUIRE=torch,tensorflow,mpi,gloo; fi
-"$VENV/bin/hvdkit" env --require "$REQUIRE" | sed 's/^/    /' \
-  || die "the Horovod build lacks what the $MODE flavour needs (see above): read $CACHE_DIR/build-$CACHE_KEY.log, remove $WHEEL_DIR and rerun"
+"$VENV/bin/hvdkit" env --require "$REQUIRE" | sed 's/^/    /' || { [ "${PIPESTATUS[0]}" != 2 ] \
+  || die "a HOROVOD_* setting in this environment is invalid (named above): fix or unset it and rerun; the build is fine"
+  die "the Horovod build lacks what the $MODE flavour needs (see above): read $CACHE_DIR/build-$CACHE_KEY.log, remove $WHEEL_DIR and rerun"; }
 date -u +%FT%TZ > "$STAMP"
 step "done: activate with 'source $VENV/bin/activate'"

@@ -21,6 +21,7 @@ Standard library only: install.sh runs this with the interpreter it is about to 
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -59,9 +60,12 @@ def locked_versions(text: str) -> dict[str, str]:
 def pins(root: Path = ROOT) -> dict[str, str]:
     try:
         import tomllib
-    except ImportError:
-        raise PinsError(f"Python {sys.version.split()[0]} is too old for hvdkit (it needs 3.11 or newer): "
-                        "install python3.11 and set HVDKIT_PYTHON=python3.11") from None
+    except ImportError:                 # Python 3.10 (install.sh refuses it later, naming the versions): pip's copy
+        try:
+            from pip._vendor import tomli as tomllib
+        except ImportError:
+            raise PinsError(f"Python {sys.version.split()[0]} is too old for hvdkit (it needs 3.11 or newer): "
+                            "install python3.11 and set HVDKIT_PYTHON=python3.11") from None
     for path in (root / "pyproject.toml", root / "requirements.lock"):
         if not path.is_file():
             raise PinsError(f"{path} is missing: restore it from git (git checkout -- {path.name})")
@@ -76,10 +80,11 @@ def pins(root: Path = ROOT) -> dict[str, str]:
     return found
 
 
-# pip's option -> uv's variable. Lists: pip separates them with spaces, uv's UV_FIND_LINKS with commas.
-UV_FROM_PIP = {"index-url": "UV_DEFAULT_INDEX", "extra-index-url": "UV_INDEX", "find-links": "UV_FIND_LINKS",
-               "trusted-host": "UV_INSECURE_HOST", "timeout": "UV_HTTP_TIMEOUT", "default-timeout": "UV_HTTP_TIMEOUT",
-               "cert": "SSL_CERT_FILE", "proxy": "HTTPS_PROXY"}
+# pip's option -> uv's variables. Lists: pip separates them with spaces or lines, uv's UV_FIND_LINKS with commas.
+UV_FROM_PIP = {"index-url": ("UV_DEFAULT_INDEX",), "extra-index-url": ("UV_INDEX",), "find-links": ("UV_FIND_LINKS",),
+               "trusted-host": ("UV_INSECURE_HOST",), "timeout": ("UV_HTTP_TIMEOUT",),
+               "default-timeout": ("UV_HTTP_TIMEOUT",), "cert": ("SSL_CERT_FILE",),
+               "proxy": ("HTTPS_PROXY", "HTTP_PROXY"), "no-cache-dir": ("UV_NO_CACHE",)}
 
 
 def uv_env(pip_config_list: str) -> list[str]:
@@ -92,12 +97,18 @@ def uv_env(pip_config_list: str) -> list[str]:
     conf: dict[str, str] = {}
     for line in sorted(pip_config_list.splitlines(), key=lambda s: rank.get(s.split(".", 1)[0], 3)):
         name, _, value = line.partition("=")
-        conf.setdefault(name.split(".", 1)[-1], value.strip("'\""))
-    out = []
-    for option, var in UV_FROM_PIP.items():
-        if conf.get(option) and var not in " ".join(out):
-            value = ",".join(conf[option].split()) if option == "find-links" else conf[option]
-            out.append(f"export {var}={shlex.quote(value)}")
+        try:
+            value = ast.literal_eval(value)      # pip prints each value as a Python literal ('\n'-joined lists too)
+        except (ValueError, SyntaxError):
+            pass
+        conf.setdefault(name.split(".", 1)[-1], str(value))
+    out, named = [], set()
+    for option, names in UV_FROM_PIP.items():
+        value = " ".join(conf.get(option, "").split())          # one line, spaces between list items
+        for var in names:
+            if value and var not in named:
+                named.add(var)
+                out.append(f"export {var}={shlex.quote(','.join(value.split()) if option == 'find-links' else value)}")
     return out
 
 

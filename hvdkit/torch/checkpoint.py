@@ -66,6 +66,9 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     keep_last: int | None = None, scheduler=None, **extra) -> bool:
     """Write model, optimizer and ``extra`` (epoch, ...) on rank 0 only; returns True on the rank that wrote.
 
+    Call it on every rank, not under ``if ctx.is_main:``: a sharded optimizer's
+    state (``shard_optimizer_state=True``) is gathered from all of them first.
+
     ``path`` is a file, or a directory (ending in '/') holding ``ckpt-<step>.pt``
     files of which the newest ``keep_last`` are kept. Writes are atomic
     (temporary file + fsync + rename) and the file carries a SHA-256 of its

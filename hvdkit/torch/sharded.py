@@ -47,9 +47,14 @@ def check_supported(optimizer_class: type) -> None:
                         "or leave shard_optimizer_state off")
 
 
-def _is_full(value, param: torch.Tensor) -> bool:
-    """A state entry laid out like its parameter (a moment), not a scalar such as Adam's step count."""
-    return torch.is_tensor(value) and value.dim() > 0 and value.numel() == param.numel()
+# State entries that are one number per parameter, not one per element (Adam's step count, ASGD's eta, NAdam's
+# mu_product): kept whole on every rank. Every other tensor entry is laid out like its parameter.
+SCALAR_KEYS = frozenset({"step", "eta", "mu", "mu_product"})
+
+
+def _is_full(key: str, value, param: torch.Tensor) -> bool:
+    """A state entry laid out like its parameter (a moment), to be cut into slices."""
+    return torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == param.numel()
 
 
 class Shards:
@@ -81,15 +86,22 @@ class Shards:
         """Update this rank's slices from the averaged gradients, then gather every rank's into the parameters."""
         for inner, group in zip(self.inner.param_groups, self.optimizer.param_groups):
             inner.update(self._options(group))            # a scheduler or a hand edit changed the rate
-        stepped = []
+        shared = []
         for p, view, (start, end) in zip(self.params, self.views, self.ranges):
+            if p.numel() and p.untyped_storage().data_ptr() != view.untyped_storage().data_ptr():
+                raise UserError(f"a parameter of shape {tuple(p.shape)} was given new memory after "
+                                "DistributedOptimizer(shard_optimizer_state=True) (model.half(), .to(dtype), "
+                                "load_state_dict(assign=True)): do that before creating the optimizer")
+            if p.grad is not None and p.grad.is_sparse:
+                raise UserError("shard_optimizer_state needs dense gradients, but a parameter got a sparse one "
+                                "(nn.Embedding(sparse=True)): use a dense embedding, or leave sharding off")
             view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
-            if p.grad is not None:              # None on every rank alike (the gradients are averaged)
-                stepped.append((p, view))
+            if p.requires_grad:                 # the same on every rank (hvdkit's rule for freezing), so every
+                shared.append((p, view))        # rank joins the same allgather even where a grad is missing
         self.inner.step()
-        if stepped:
-            gathered = hvd.grouped_allgather([view.contiguous() for _, view in stepped], name="hvdkit.shards")
-            for (p, _), full in zip(stepped, gathered):
+        if shared:
+            gathered = hvd.grouped_allgather([view.contiguous() for _, view in shared], name="hvdkit.shards")
+            for (p, _), full in zip(shared, gathered):
                 p.detach().view(-1).copy_(full)
         for view in self.views:
             view.grad = None
@@ -105,9 +117,15 @@ class Shards:
         entries, slices = [], []
         for i, view in enumerate(self.views):
             for key, value in sorted(self.inner.state.get(view, {}).items()):
-                if torch.is_tensor(value) and value.dim() == 1 and value.numel() == view.numel():
+                if torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == view.numel():
                     entries.append((i, key))
-                    slices.append(value.contiguous())
+                    slices.append(value.detach().cpu().contiguous())    # gathered in host memory, not the GPU's
+        # Every rank must hold the same entries, or the allgather below would wait forever.
+        counts = hvd.allgather_object(len(entries), name="hvdkit.shards.count")
+        if len(set(counts)) > 1:
+            raise UserError(f"the ranks hold optimizer state for different parameters ({counts} entries): with "
+                            "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "
+                            "hk.broadcast_state do; optimizer.load_state_dict on rank 0 alone does not)")
         gathered = hvd.grouped_allgather(slices, name="hvdkit.shards.state") if slices else []
         state = {}
         for i, view in enumerate(self.views):
@@ -120,7 +138,11 @@ class Shards:
         return packed
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Take an unsharded optimizer's state_dict (from any world size, sharded or not): keep this rank's slices."""
+        """Take an unsharded optimizer's state_dict (from any world size, sharded or not): keep this rank's slices.
+
+        The slices go through torch's own ``load_state_dict`` of the inner optimizer, which casts them to the
+        parameters' dtype and device and keeps a step count where the optimizer wants it (CPU float32, or the
+        parameter's device for ``capturable``/``fused``)."""
         groups = state_dict.get("param_groups", [])
         sizes = [len(g["params"]) for g in self.optimizer.param_groups]
         if [len(g["params"]) for g in groups] != sizes:
@@ -128,14 +150,15 @@ class Shards:
                             f"parameters, this optimizer {sizes}: build the optimizer as the saving script did")
         for group, saved in zip(self.optimizer.param_groups, groups):
             group.update(self._options(saved))
-        self.inner.state.clear()
+        state = {}
         for key, entry in state_dict.get("state", {}).items():
             i = int(key)
-            p, view, (start, end) = self.params[i], self.views[i], self.ranges[i]
-            self.inner.state[view] = {
-                k: (v.reshape(-1)[start:end].to(device=view.device, dtype=view.dtype).clone() if _is_full(v, p)
-                    else v.clone() if torch.is_tensor(v) else v)
-                for k, v in entry.items()}
+            p, (start, end) = self.params[i], self.ranges[i]
+            state[i] = {k: v.reshape(-1)[start:end].clone() if _is_full(k, v, p) else v for k, v in entry.items()}
+        inner_groups = self.inner.state_dict()["param_groups"]
+        for inner, group in zip(inner_groups, self.optimizer.param_groups):
+            inner.update(self._options(group))
+        self.inner.load_state_dict({"state": state, "param_groups": inner_groups})
 
 
 def _step(self, closure=None):

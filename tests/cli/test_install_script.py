@@ -237,3 +237,18 @@ def test_patch_refuses_a_source_it_was_not_made_for(horovod_source):
     init = horovod_source / "horovod" / "__init__.py"
     init.write_text(init.read_text().replace("__version__ = '0.28.1'", "__version__ = '0.29.0'"))
     assert_one_line_error(run_script("--patch-only", str(horovod_source)), "is not Horovod 0.28.1")
+
+
+def test_help_needs_no_python_and_a_retired_setting_is_named():
+    proc = run_script("--help", env={"HVDKIT_PYTHON": "/nonexistent/python3"})
+    assert proc.returncode == 0 and "scripts/install.sh --gpu" in proc.stdout, proc.stderr
+    assert_one_line_error(run_script("--check-only", env={"HVDKIT_INSTALLER": "pip"}),
+                          "HVDKIT_INSTALLER is no longer read", "unset it")
+
+
+def test_strip_build_tools_with_nothing_to_strip_is_harmless(tmp_path):
+    """The image strips once; a second run, or a venv with nothing to strip, used to exit 1 without a word."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    proc = run_script("--strip-build-tools", env={"HVDKIT_VENV": str(venv)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -125,6 +125,12 @@ def test_uv_is_told_where_pip_finds_packages():
         "export SSL_CERT_FILE=/etc/ssl/certs/ca.crt",
     ]
     assert installer.uv_env("") == []
+    # pip.conf's list on several lines (pip prints it as a literal with '\n'), proxy for both schemes, no cache.
+    listed = "global.extra-index-url='\\nhttps://a/simple\\nhttps://b/simple'\nglobal.proxy='http://p:3128'\n" \
+             ":env:.no-cache-dir='1'"
+    assert installer.uv_env(listed) == ["export UV_INDEX='https://a/simple https://b/simple'",
+                                        "export HTTPS_PROXY=http://p:3128", "export HTTP_PROXY=http://p:3128",
+                                        "export UV_NO_CACHE=1"]
 
 
 def test_install_script_writes_no_version():

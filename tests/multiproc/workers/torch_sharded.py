@@ -9,7 +9,8 @@ gradient is the same on 1, 2, 3 or 4 ranks and a checkpoint can be compared acro
 --phase save: 5 steps sharded, save_checkpoint, 5 more; the final parameters.
 --phase resume: load the checkpoint (sharded with --shard), 5 steps; the final parameters.
 --phase refusals: what sharding cannot do, each a UserError: LBFGS, Adasum, step(closure), add_param_group,
-  an elastic state.
+  an elastic state, a sparse gradient, a parameter given new memory after wrapping, and state loaded on rank 0
+  alone (which used to leave rank 0 alone in the gathering allgather: a hang).
 """
 
 import argparse
@@ -40,15 +41,16 @@ data = torch.randn(40, K, G, 10), torch.randint(0, 3, (40, K, G))
 
 
 class Net(nn.Module):
-    """Two layers and a one-element temperature, which leaves ranks past the first with an empty slice."""
+    """Two layers, a one-element temperature (ranks past the first get an empty slice) and a 0-dim offset."""
 
     def __init__(self):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(10, 32), nn.Linear(32, 3)
         self.temperature = nn.Parameter(torch.ones(1))
+        self.offset = nn.Parameter(torch.tensor(0.5))
 
     def forward(self, x):
-        return self.fc2(torch.tanh(self.fc1(x))) * self.temperature
+        return self.fc2(torch.tanh(self.fc1(x))) * self.temperature + self.offset
 
 
 def make(model, shard):
@@ -127,6 +129,31 @@ elif args.phase == "refusals":
     cases["closure"] = lambda: opt.step(lambda: 0.0)
     cases["add_param_group"] = lambda: opt.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
     cases["elastic"] = lambda: hk.elastic.ElasticState(model, opt)
+
+    def sparse():
+        emb = nn.Embedding(20, 4, sparse=True)
+        sparse_opt = hk.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), emb,
+                                             shard_optimizer_state=True)
+        emb(torch.tensor([1, 2])).sum().backward()
+        sparse_opt.step()
+
+    def replaced():
+        other = Net()
+        other_opt = make(other, True)
+        other.fc1.weight.data = other.fc1.weight.data.clone()          # new memory, as model.half() would give
+        train(other, other_opt, 1)
+
+    def loaded_on_rank_0_only():
+        other = Net()
+        other_opt = make(other, True)
+        train(other, other_opt, 1)
+        if ctx.rank == 0:
+            other_opt.load_state_dict({"state": {}, "param_groups": other_opt.state_dict()["param_groups"]})
+        else:
+            other_opt.state_dict()          # rank 0's state_dict() gathers here as well
+        other_opt.state_dict()
+
+    cases.update(sparse=sparse, replaced=replaced, rank0_load=loaded_on_rank_0_only)
     errors = {}
     for name, call in cases.items():
         try:
