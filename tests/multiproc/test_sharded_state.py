@@ -13,12 +13,14 @@ pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_sharded.py")
 
 
-@pytest.mark.parametrize("np,optimizer,amp", [(2, "adam", False), (2, "sgd", False), (3, "adam", False),
-                                              (3, "sgd", False), (4, "adam", False), (2, "adam", True)])
-def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer, amp):
-    """amp: float32 with a GradScaler (scale, unscale_, clip, scaler.step), as the AMP recipe is written."""
+@pytest.mark.parametrize("np,optimizer,amp,controller", [
+    (2, "adam", False, "gloo"), (2, "sgd", False, "mpi"), (3, "adam", False, "gloo"), (3, "sgd", False, "gloo"),
+    (4, "adam", False, "mpi"), (2, "adam", True, "gloo")])
+def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer, amp, controller):
+    """amp: float32 with a GradScaler (scale, unscale_, clip, scaler.step), as the AMP recipe is written. Both
+    controllers: MPI, what hvdkit launch picks on one host, and Gloo."""
     argv = [WORKER, "--out", str(tmp_path), "--optimizer", optimizer, *(["--amp"] if amp else [])]
-    proc = run_job(horovodrun_cmd(np, argv), timeout=240)
+    proc = run_job(horovodrun_cmd(np, argv, controller), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:]
     results = read_rank_results(tmp_path, np, proc.stdout)
     assert {r["size"] for r in results} == {np}
@@ -36,11 +38,14 @@ def test_a_sharded_checkpoint_resumes_on_other_world_sizes_sharded_or_not(tmp_pa
     sharded on 3: the 5 steps after it end where the 2-rank job's own 5 steps did."""
     ckpt = str(tmp_path / "ckpt.pt")
     runs = {}
-    for name, np, extra in (("save", 2, ["--phase", "save"]), ("one", 1, ["--phase", "resume"]),
-                            ("three", 3, ["--phase", "resume", "--shard"])):
+    # Saved under MPI (hvdkit launch's choice on one host), resumed under Gloo.
+    for name, np, extra, controller in (("save", 2, ["--phase", "save"], "mpi"),
+                                        ("one", 1, ["--phase", "resume"], "gloo"),
+                                        ("three", 3, ["--phase", "resume", "--shard"], "gloo")):
         out = tmp_path / name
         out.mkdir()
-        proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(out), "--ckpt", ckpt, *extra]), timeout=240)
+        proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(out), "--ckpt", ckpt, *extra], controller),
+                       timeout=240)
         assert proc.returncode == 0, proc.stdout[-3000:]
         runs[name] = read_rank_results(out, np, proc.stdout)
         assert {r["size"] for r in runs[name]} == {np}
