@@ -20,7 +20,15 @@ import random
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    TensorDataset,
+)
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdkit.backends.torch import hvd
@@ -36,6 +44,7 @@ from hvdkit.runtime.sharding import (
     shard_together,
     take_shard,
 )
+from hvdkit.runtime.topology import loader_workers
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.stragglers import report_stragglers
@@ -116,19 +125,25 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-                       drop_last: bool = False, num_workers: int = 0, pin_memory: bool | None = None,
+                       drop_last: bool = False, num_workers: int | None = None, pin_memory: bool | None = None,
                        **loader_kwargs) -> DataLoader:
     """A DataLoader over this rank's shard (1/size of the data), ``batch_size`` per rank.
 
-    Call ``loader.sampler.set_epoch(epoch)`` each epoch. Workers persist
-    across epochs when ``num_workers > 0``; memory is pinned when training on GPU.
+    Call ``loader.sampler.set_epoch(epoch)`` each epoch. On a GPU, by default,
+    batches are prepared by up to 4 worker processes per rank (its share of the
+    host's cores, less one) into pinned memory, so the step does not wait for
+    them; on the CPU they are made in the training process. Workers persist
+    across epochs. A ``TensorDataset`` already on the GPU gets neither.
     """
     check_batch_size(batch_size)
     ctx = current()
     sampler = ResumableDistributedSampler(dataset, num_replicas=ctx.size, rank=ctx.rank, shuffle=shuffle,
                                           seed=seed, drop_last=drop_last, batch_size=batch_size)
+    on_gpu = ctx.device.type == "cuda" and not _on_gpu_already(dataset)
+    if num_workers is None:
+        num_workers = loader_workers(ctx.local_size, on_gpu)
     if pin_memory is None:
-        pin_memory = ctx.device.type == "cuda"
+        pin_memory = on_gpu
     # A DataLoader draws its workers' base seed from torch's global generator each time an epoch's
     # iterator starts; one of its own leaves the global stream (dropout) to the model, so a run resumed
     # with the checkpoint's RNG state draws exactly what the uninterrupted run did.
@@ -136,6 +151,11 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed + 1_000_003 * ctx.rank))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
+
+
+def _on_gpu_already(dataset) -> bool:
+    """A TensorDataset of CUDA tensors: workers could not share them and pinning refuses them."""
+    return isinstance(dataset, TensorDataset) and any(t.is_cuda for t in dataset.tensors)
 
 
 def shard_arrays(*tensors, drop_remainder: bool = False):

@@ -9,7 +9,7 @@ import ctypes
 import pytest
 
 from hvdkit.runtime import cuda_driver
-from hvdkit.runtime.topology import GPUView, NoGPUError, check_gpu_choice, hides_all_gpus, pin_gpu
+from hvdkit.runtime.topology import GPUView, NoGPUError, check_gpu_choice, hides_all_gpus, loader_workers, pin_gpu
 
 pytestmark = pytest.mark.unit
 
@@ -343,3 +343,15 @@ def test_a_slurm_gpu_job_on_a_node_without_gpus_names_the_node_and_hvdkit_device
         check(**{**host, "environ": {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}})
     assert str(err.value).startswith("GPUs were asked for (SLURM_JOB_GPUS=0,1) but this node shows none")
     assert "gres.conf" in str(err.value) and "HVDKIT_DEVICE=cpu" in str(err.value) and "docker" not in str(err.value)
+
+
+@pytest.mark.parametrize("cores, local_size, on_gpu, expected", [
+    (16, 1, True, 4),     # the H100 machine of make test-gpu: 4 workers fill the step's input wait
+    (64, 8, True, 4),     # 8 GPUs, 8 cores each: at most 4
+    (16, 8, True, 1),     # 2 cores per rank: one for the step, one worker
+    (8, 8, True, 0),      # 1 core per rank: no room for a worker
+    (16, 1, False, 0),    # the CPU: workers would take the step's cores
+])
+def test_loader_workers_on_a_gpu_leave_the_rank_a_core(monkeypatch, cores, local_size, on_gpu, expected):
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    assert loader_workers(local_size, on_gpu) == expected
