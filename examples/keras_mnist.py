@@ -31,6 +31,8 @@ def parse_args():
     p.add_argument("--lr", type=positive_float, default=0.001, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="send gradients as float16 or bfloat16 (half the bytes)")
     p.add_argument("--checkpoint", metavar="FILE", default=None, help="save here after training (.npz)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="on SIGTERM/SIGUSR1 to any rank: checkpoint mid-epoch as DIR/ckpt-<step>.npz, exit 75")
@@ -71,7 +73,8 @@ def main():
     batches = hk.distributed_batches(data.x_train[..., None], data.y_train, args.batch_size, seed=args.seed)
 
     model = build_model(keras)
-    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)))  # hvdkit: lr x size, averaged
+    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)),  # hvdkit: lr x size, averaged
+                                        compression=args.compression)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     checkpoint_dir = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else None  # '/': a directory
     if args.resume and checkpoint_dir:

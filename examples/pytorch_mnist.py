@@ -49,6 +49,8 @@ def parse_args():
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="send gradients as float16 or bfloat16 (half the bytes)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--checkpoint", metavar="FILE", help="save after every epoch into this one file")
     where.add_argument("--checkpoint-dir", metavar="DIR",
@@ -91,7 +93,7 @@ def main():
 
     model = Net().to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
-    optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit: average gradients
+    optimizer = hk.DistributedOptimizer(optimizer, model, compression=args.compression)  # hvdkit: average gradients
     # hvdkit: from rate/size up to the scaled rate over the first epochs
     scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
     start_epoch, start_sample, extra = 0, 0, None

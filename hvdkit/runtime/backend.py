@@ -24,12 +24,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from hvdkit.common.errors import UserError
+
 # The op and compression names hvdkit's API takes, and the attribute of a Horovod framework module each one
 # is. The first three reduce gradients (the optimizers' op=, checked by hvdkit.runtime.lr.reduce_options);
 # min and max reduce metrics only.
 OPS = {"average": "Average", "sum": "Sum", "adasum": "Adasum", "min": "Min", "max": "Max"}
 GRADIENT_OPS = ("average", "sum", "adasum")
-COMPRESSIONS = {"none": "none", "fp16": "fp16"}
+# bf16: Horovod has no bfloat16 of its own; scripts/patches item 17 adds the type and Compression.bf16.
+COMPRESSIONS = {"none": "none", "fp16": "fp16", "bf16": "bf16"}
 
 
 class Backend(ABC):
@@ -52,7 +55,13 @@ class Backend(ABC):
         return getattr(self.hvd, OPS[op])
 
     def compression(self, name: str):
-        return getattr(self.hvd.Compression, COMPRESSIONS[name])
+        """Horovod's compressor for one of :data:`COMPRESSIONS`' names; bf16 needs the patch's item 17."""
+        compressor = getattr(self.hvd.Compression, COMPRESSIONS[name], None)
+        if compressor is None:
+            raise UserError(f"compression={name!r} needs a Horovod built with hvdkit's patch (bfloat16 is item 17), "
+                            f"and this one was built before it: rerun scripts/install.sh (make install), or use "
+                            f"compression='fp16'")
+        return compressor
 
     def topology(self) -> dict[str, int]:
         """rank, size, local and cross ranks and sizes, as Horovod reports them now."""

@@ -70,3 +70,17 @@ def test_a_checkpoint_of_another_size_resumes_at_scale_lrs_rate():
             resume_lr_factor(saved_scale, 2, 3.0, 3, on_resize="error")
     with pytest.raises(UserError, match="on_resize='never'"):
         resume_lr_factor(2.0, 2, 3.0, 3, on_resize="never")
+
+
+def test_bf16_compression_on_a_horovod_built_before_the_patch_says_rebuild():
+    """A venv whose Horovod predates patch item 17 has no Compression.bf16: one line naming the rebuild."""
+    from types import SimpleNamespace
+
+    from hvdkit.runtime.backend import Backend
+
+    old_build = SimpleNamespace(hvd=SimpleNamespace(Compression=SimpleNamespace(none="none", fp16="fp16")))
+    assert Backend.compression(old_build, "fp16") == "fp16"
+    with pytest.raises(UserError, match=r"compression='bf16' needs a Horovod built with hvdkit's patch .*"
+                                        r"rerun scripts/install.sh"):
+        Backend.compression(old_build, "bf16")
+    assert reduce_options("average", "BF16") == ("average", "bf16")
