@@ -35,6 +35,7 @@ class Implementation:
     average: bool = True        # mpi4py: scale the sum by 1/size after the allreduce
     reference: bool = False     # the allreduce table gives hvdkit's bandwidth as a share of this one's
     default: bool = True        # run when --impls is not given
+    compression: str = "none"   # hvdkit's DistributedOptimizer(compression=...): the gradients' wire type
 
     @property
     def torchrun(self) -> bool:
@@ -64,6 +65,12 @@ CATALOG = (
                    "-np counts it; not run unless named", controller="gloo", default=False),
     Implementation("hvdkit", "train", "hvdkit",
                    "the hvdkit.torch recipe: init, distributed_loader, DistributedOptimizer, broadcast_state"),
+    Implementation("hvdkit-fp16", "train", "hvdkit",
+                   "the hvdkit recipe with compression='fp16': gradients sent as float16; not run unless named",
+                   default=False, compression="fp16"),
+    Implementation("hvdkit-bf16", "train", "hvdkit",
+                   "the hvdkit recipe with compression='bf16': gradients sent as bfloat16 (patch item 17); "
+                   "not run unless named", default=False, compression="bf16"),
     Implementation("horovod", "train", "horovod",
                    "the same model by hand, as Horovod's pytorch_mnist example (hvd calls, DistributedSampler)"),
     Implementation("ddp", "train", "torch.distributed",

@@ -98,7 +98,8 @@ class HvdkitJob(Job):
         self.rank, self.size, self.device, self.hvd = ctx.rank, ctx.size, ctx.device, hk.hvd
         model = model.to(ctx.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(0.01), momentum=0.9)
-        optimizer = hk.DistributedOptimizer(optimizer, model)
+        optimizer = hk.DistributedOptimizer(optimizer, model,
+                                            compression=implementation("train", self.args.impl).compression)
         hk.broadcast_state(model, optimizer)
         # The copy's parameters are new tensors, so the optimizer's allreduce hooks are not on them.
         self.local_model = copy.deepcopy(model)
@@ -303,7 +304,9 @@ def main(argv: list[str] | None = None) -> None:
         params = sum(p.numel() for p in model.parameters())
         emit({"impl": args.impl, "model": args.model, "np": job.size, "controller": job.controller,
               "batch_size": args.batch_size, "image_size": args.image_size if args.model == "resnet50" else None,
-              "params": params, "grad_bytes": params * 4, "device": job.device.type, "machine": machine(),
+              "params": params,
+              "grad_bytes": params * (4 if implementation("train", args.impl).compression == "none" else 2),
+              "device": job.device.type, "machine": machine(),
               "phases_s": phases, "local_backward_s": local_backward,
               "threads": torch.get_num_threads()})
     job.close()
