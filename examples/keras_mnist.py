@@ -97,7 +97,8 @@ def main():
               f"on {ctx.size} processes")
         if args.json:
             print(json.dumps({"dataset": args.dataset, "backend": hk.resolve_backend(), "size": ctx.size,
-                              "epochs": args.epochs, "test_accuracy": float(accuracy), "test_loss": float(loss),
+                              "epochs": args.epochs, "compression": args.compression,
+                              "test_accuracy": float(accuracy), "test_loss": float(loss),
                               "seconds": round(elapsed, 2)}))
 
 

@@ -163,7 +163,7 @@ def main():
         log.info(f"final test accuracy {metrics['accuracy']:.2%} in {elapsed:.1f}s")
         if args.json:
             print(json.dumps({"dataset": args.dataset, "size": ctx.size, "hosts": ctx.cross_size,
-                              "epochs": args.epochs,
+                              "epochs": args.epochs, "compression": args.compression,
                               "test_accuracy": metrics["accuracy"], "test_loss": metrics["loss"],
                               "test_count": metrics["count"], "seconds": round(elapsed, 2)}))
 

@@ -79,6 +79,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
     b = backend()
+    b.compression(compression)     # a Horovod built before bf16 says so here, not inside fit's first step
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
 

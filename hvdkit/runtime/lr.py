@@ -26,6 +26,10 @@ def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
         what = f"unknown op {op!r}" if op_l not in GRADIENT_OPS else f"unknown compression {compression!r}"
         raise UserError(f"{what}: op is one of {', '.join(GRADIENT_OPS)}, compression one of "
                         f"{', '.join(COMPRESSIONS)}")
+    if op_l == "adasum" and compression_l == "bf16":
+        # Horovod's Adasum kernels (adasum.h) have no bfloat16 case: every step would fail.
+        raise UserError("op='adasum' cannot take compression='bf16' (Horovod's Adasum has no bfloat16): "
+                        "use compression='fp16' or 'none' with Adasum, or op='average' with bf16")
     return op_l, compression_l
 
 

@@ -52,16 +52,24 @@ def cpu_threads_per_rank(local_size: int) -> int | None:
     return share_of_cores(local_size)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (Slurm's and taskset's binding), else the host's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):       # no affinity call (macOS)
+        return os.cpu_count() or 1
+
+
 def share_of_cores(local_size: int) -> int:
-    """This host's cores divided among its ``local_size`` processes (at least 1)."""
-    return max(1, (os.cpu_count() or 1) // max(local_size, 1))
+    """The cores this process may use divided among the host's ``local_size`` processes (at least 1)."""
+    return max(1, usable_cores() // max(local_size, 1))
 
 
 def loader_workers(local_size: int, on_gpu: bool) -> int:
     """Data-loading worker processes per rank when the user names none: 0 on the CPU, up to 4 on a GPU.
 
     On a GPU the step is short and the input must be ready when it starts: with
-    no workers, a ResNet-50 step at 224 px (batch 32, 17.3 ms on an H100) waited
+    no workers, a ResNet-50 step at 224 px (batch 16, 17.3 ms on an H100) waited
     9.2% of it for collation and the host copy (make test-gpu, docs/GPU.md).
     Workers prepare the next batches, and pinned memory, while the GPU computes.
     On the CPU workers would take cores from the step's own threads. Each rank

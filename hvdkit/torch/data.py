@@ -15,18 +15,21 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import multiprocessing
 import random
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import (
+    ConcatDataset,
     DataLoader,
     Dataset,
     IterableDataset,
     RandomSampler,
     Sampler,
     SequentialSampler,
+    Subset,
     TensorDataset,
 )
 from torch.utils.data.distributed import DistributedSampler
@@ -144,6 +147,10 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
         num_workers = loader_workers(ctx.local_size, on_gpu)
     if pin_memory is None:
         pin_memory = on_gpu
+    if num_workers > 0 and on_gpu and "forkserver" in multiprocessing.get_all_start_methods():
+        # As Horovod's examples do: workers forked from a rank whose MPI or InfiniBand stack is not fork-safe
+        # can hang or crash; forkserver starts them from a clean process.
+        loader_kwargs.setdefault("multiprocessing_context", "forkserver")
     # A DataLoader draws its workers' base seed from torch's global generator each time an epoch's
     # iterator starts; one of its own leaves the global stream (dropout) to the model, so a run resumed
     # with the checkpoint's RNG state draws exactly what the uninterrupted run did.
@@ -154,7 +161,12 @@ def distributed_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = Tru
 
 
 def _on_gpu_already(dataset) -> bool:
-    """A TensorDataset of CUDA tensors: workers could not share them and pinning refuses them."""
+    """A TensorDataset of CUDA tensors, or a Subset or ConcatDataset of one: workers could not share them and
+    pinning refuses them."""
+    if isinstance(dataset, Subset):
+        return _on_gpu_already(dataset.dataset)
+    if isinstance(dataset, ConcatDataset):
+        return any(_on_gpu_already(d) for d in dataset.datasets)
     return isinstance(dataset, TensorDataset) and any(t.is_cuda for t in dataset.tensors)
 
 

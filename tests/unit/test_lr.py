@@ -84,3 +84,5 @@ def test_bf16_compression_on_a_horovod_built_before_the_patch_says_rebuild():
                                         r"rerun scripts/install.sh"):
         Backend.compression(old_build, "bf16")
     assert reduce_options("average", "BF16") == ("average", "bf16")
+    with pytest.raises(UserError, match=r"op='adasum' cannot take compression='bf16'.*use compression='fp16'"):
+        reduce_options("adasum", "bf16")

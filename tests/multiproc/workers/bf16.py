@@ -75,6 +75,14 @@ for name, op, want, scale in (
         ("max", hvd.Max, stack.max(axis=0), np.abs(stack).max(axis=0))):
     got = hvd.allreduce(mine[N], op=op, name=f"bf16.{name}")
     checks[name], dtypes[name] = error(got, want, scale), dtype_of(got)
+# min and max pick one rank's value: exact.
+for name, op, want in (("min_exact", hvd.Min, stack.min(axis=0)), ("max_exact", hvd.Max, stack.max(axis=0))):
+    checks[name] = bool(np.array_equal(back(hvd.allreduce(mine[N], op=op, name=f"bf16.{name}")), want))
+# Three bfloat16 tensors in one group: copied into one fusion buffer, scaled there before and after.
+group = hvd.grouped_allreduce([mine[N], mine[N], mine[N]], op=hvd.Average, prescale_factor=0.5,
+                              postscale_factor=3.0, name="bf16.fused")
+checks["fused_scaled"] = max(error(t, 1.5 * stack.mean(axis=0), 3.0 * magnitude / size) for t in group)
+dtypes["fused_scaled"] = dtype_of(group[0])
 big = np.stack(sent[BIG])
 got = hvd.allreduce(mine[BIG], op=hvd.Average, name="bf16.big")
 checks["big_average"], dtypes["big_average"] = error(got, big.mean(axis=0), np.abs(big).sum(axis=0) / size), \
@@ -102,5 +110,21 @@ checks["broadcast_exact"] = bool(np.array_equal(back(bc), sent[N][0]))
 ag = hvd.allgather(mine[N], name="bf16.gather")
 checks["allgather_exact"] = bool(np.array_equal(back(ag), np.concatenate(sent[N])))
 dtypes["broadcast"], dtypes["allgather"] = dtype_of(bc), dtype_of(ag)
+if args.framework == "torch":
+    # hvdkit's compression="bf16": the averaged gradient came over the wire as bfloat16 (every element is a
+    # bfloat16 value, upcast), where the float32 average of the same inputs mostly is not.
+    import hvdkit.torch as hk
+
+    hk.init()
+    layer = torch.nn.Linear(N, 1, bias=False)
+    opt = hk.DistributedOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer, compression="bf16")
+    layer(torch.from_numpy(inputs[N][rank]).unsqueeze(0)).sum().backward()    # weight's gradient: the input
+    grad = layer.weight.grad[0]
+    exact = np.stack([a.astype(np.float64) for a in inputs[N]]).mean(axis=0)
+    as_f32 = torch.from_numpy(exact.astype(np.float32))
+    checks["hvdkit_grad_dtype"] = str(grad.dtype).replace("torch.", "")
+    checks["hvdkit_bf16_on_wire"] = bool(torch.equal(grad, grad.bfloat16().float()))
+    checks["f32_average_not_bf16"] = float((as_f32 != as_f32.bfloat16().float()).double().mean())
+    checks["hvdkit_bf16_error"] = error(grad, exact, np.abs(np.stack(inputs[N])).sum(axis=0) / size)
 write_result(args.out, rank, {"rank": rank, "size": size, "checks": checks, "dtypes": dtypes, "rs_rows": n_rs,
                               "mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())})
