@@ -52,17 +52,13 @@ def cpu_threads_per_rank(local_size: int) -> int | None:
     return share_of_cores(local_size)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (Slurm's and taskset's binding), else the host's."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):       # no affinity call (macOS)
-        return os.cpu_count() or 1
-
-
 def share_of_cores(local_size: int) -> int:
-    """The cores this process may use divided among the host's ``local_size`` processes (at least 1)."""
-    return max(1, usable_cores() // max(local_size, 1))
+    """This host's cores divided among its ``local_size`` processes (at least 1).
+
+    Not the process's CPU affinity: under Slurm's binding that is already the
+    rank's own share, and dividing it again would starve each rank.
+    """
+    return max(1, (os.cpu_count() or 1) // max(local_size, 1))
 
 
 def loader_workers(local_size: int, on_gpu: bool) -> int:

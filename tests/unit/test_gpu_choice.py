@@ -353,5 +353,5 @@ def test_a_slurm_gpu_job_on_a_node_without_gpus_names_the_node_and_hvdkit_device
     (16, 1, False, 0),    # the CPU: workers would take the step's cores
 ])
 def test_loader_workers_on_a_gpu_leave_the_rank_a_core(monkeypatch, cores, local_size, on_gpu, expected):
-    monkeypatch.setattr("hvdkit.runtime.topology.usable_cores", lambda: cores)
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
     assert loader_workers(local_size, on_gpu) == expected
