@@ -16,8 +16,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 export PATH := $(abspath $(BIN)):$(PATH)
 
 GPU_VENV ?= .venv-gpu
+GPU_TF_VENV ?= .venv-gpu-tf
 
-.PHONY: install install-gpu lock test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
+.PHONY: install install-gpu install-gpu-tf lock test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
 	test-multihost test-image env bench bench-scaling clean
 
 install: $(STAMP)
@@ -45,6 +46,10 @@ lock:
 
 install-gpu:
 	HVDKIT_VENV=$(GPU_VENV) bash scripts/install.sh --gpu
+
+# The TensorFlow GPU flavour (CUDA 12 wheels); needs a CUDA 12 toolkit's nvcc (CUDA_HOME, else /usr/local/cuda).
+install-gpu-tf:
+	HVDKIT_VENV=$(GPU_TF_VENV) bash scripts/install.sh --gpu-tf
 
 demo: $(STAMP)
 	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(BIN)/python examples/pytorch_mnist.py $(DEMO_ARGS)
@@ -89,9 +94,10 @@ test-image: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
 
 # The acceptance run for a machine with NVIDIA GPUs (docs/GPU.md): real jobs on the GPU flavour
-# (.venv-gpu, make install-gpu), numbers into build/gpu-acceptance.json. Refuses in one line without a GPU.
+# (.venv-gpu, make install-gpu; else .venv-gpu-tf, make install-gpu-tf), numbers into build/gpu-acceptance.json.
+# Refuses in one line without a GPU.
 test-gpu:
-	@$(if $(wildcard $(GPU_VENV)/bin/python),$(GPU_VENV)/bin/python,python3) scripts/gpu_acceptance.py
+	@$(firstword $(wildcard $(GPU_VENV)/bin/python $(GPU_TF_VENV)/bin/python) python3) scripts/gpu_acceptance.py
 
 env: $(STAMP)
 	$(BIN)/hvdkit env
@@ -107,4 +113,4 @@ bench-scaling: $(TEST_STAMP)
 	$(BIN)/python -m tests.multihost.scaling_study --hosts 4 --out docs/bench
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) $(DEV_VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) $(GPU_TF_VENV) $(DEV_VENV) .pytest_cache build *.egg-info

@@ -121,9 +121,10 @@ if ctx.rank == 0:
                       "step_ms": (time.perf_counter() - start) / 60 * 1000, "scale": scaler.get_scale()})
 """
 
-KERAS_TORCH_AMP = """
+# Keras 3 with mixed_float16 on the backend in {backend} (torch in the torch flavour, tensorflow in the TF one).
+KERAS_AMP = """
 import json, os
-os.environ["KERAS_BACKEND"] = "torch"
+os.environ["KERAS_BACKEND"] = "{backend}"
 import hvdkit.keras as hk
 import keras
 from hvdkit.examples.datasets import load_dataset
@@ -141,6 +142,25 @@ if ctx.rank == 0:
     report({"accuracy": float(history.history["accuracy"][-1]),
                       "policy": keras.mixed_precision.global_policy().name,
                       "device": str(next(iter(model.trainable_variables)).value.device)})
+"""
+
+# The TensorFlow flavour's NCCL path: horovod.tensorflow's collectives on GPU tensors.
+TF_NCCL_OPS = """
+import time, tensorflow as tf, hvdkit.keras as hk
+ctx = hk.init(); hvd = hk.hvd
+with tf.device("/GPU:0"):
+    t = tf.fill([1 << 20], float(ctx.rank + 1))
+    s = hvd.allreduce(t, op=hvd.Sum)
+    ok = bool(tf.reduce_all(s == ctx.size * (ctx.size + 1) / 2))
+    ok &= bool(tf.reduce_all(hvd.broadcast(t, root_rank=0) == 1))
+    ok &= hvd.allgather(t[:4]).numpy().tolist() == [float(r + 1) for r in range(ctx.size) for _ in range(4)]
+    big = tf.ones([16 << 20])   # 64 MiB
+    for _ in range(3): hvd.allreduce(big, op=hvd.Sum).numpy()
+    start = time.perf_counter()
+    for _ in range(10): r = hvd.allreduce(big, op=hvd.Sum)
+    r.numpy(); ms = (time.perf_counter() - start) * 100
+if ctx.rank == 0:
+    report({"ok": ok, "size": ctx.size, "device": s.device, "allreduce_64mib_ms": ms})
 """
 
 TORCH_COMPILE = """
@@ -175,6 +195,7 @@ def check_env() -> dict:
     nccl = (horovod.get("tensor_operations") or {}).get("nccl")
     return {"ok": status == 0 and bool(nccl) and bool(report.get("gpus")), "nccl_version": horovod.get("nccl_version"),
             "cuda_arches": horovod.get("cuda_arches"), "torch_cuda": report.get("torch_cuda"),
+            "tensorflow_cuda": report.get("tensorflow_cuda"),
             "env_gpus": report.get("gpus"), "report": report}
 
 
@@ -206,15 +227,17 @@ def check_sharing() -> dict:
     return {"ok": ok, "seconds": round(seconds, 1), **({} if ok else {"output": out[-3000:]})}
 
 
-def check_keras_tensorflow() -> dict:
-    probe = "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
-    status, out, _ = run([sys.executable, "-c", probe], 120)
-    if status != 0:
-        return {"ok": None, "note": "TensorFlow is not in this flavour: no TF GPU flavour is built yet (issue 36)"}
+def check_keras_example() -> dict:
+    """examples/keras_mnist.py unmodified: the flavour's backend (the image's KERAS_BACKEND, else what imports)."""
     status, out, seconds = run([str(BIN / "hvdkit"), "launch", "-np", "1", "--", sys.executable,
-                                "examples/keras_mnist.py", "--backend", "tensorflow", "--epochs", "1", "--json"], 300)
+                                "examples/keras_mnist.py", "--epochs", "1", "--json"], 300)
     result = last_json(out)
-    return {"ok": status == 0 and result.get("test_accuracy", 0) > 0.8, **result, "seconds": round(seconds, 1)}
+    return {"ok": status == 0 and result.get("test_accuracy", 0) > 0.8, **result, "seconds": round(seconds, 1),
+            **({} if status == 0 else {"output": out[-3000:]})}
+
+
+def installed(module: str) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, timeout=120).returncode == 0
 
 
 def main() -> int:
@@ -231,22 +254,34 @@ def main() -> int:
               f"or run this script with the image's python", file=sys.stderr)
         return 2
     np = min(len(found), 8)
-    checks = {
-        "env": check_env,
+    # Each flavour's own checks: torch's (install.sh --gpu) or TensorFlow's (--gpu-tf); the other's are "not run".
+    flavour = "tensorflow" if not installed("torch") and installed("tensorflow") else "torch"
+    other = {"ok": None, "note": f"not in this flavour ({flavour}): run it in the other flavour's venv or image"}
+    torch_checks = {
         "nccl_collectives": lambda: check_job(NCCL_OPS, np, 180, lambda r: r.get("ok") and r.get("size") == np
                                                 and r["device"].startswith("cuda")),
         "torch_amp": lambda: check_job(TORCH_AMP, 1, 180, lambda r: r["last_loss"] < r["first_loss"]),
-        "keras_torch_mixed_float16": lambda: check_job(KERAS_TORCH_AMP, 1, 240, lambda r: r["accuracy"] > 0.8
-                                                         and "cuda" in r["device"]),
+        "keras_torch_mixed_float16": lambda: check_job(KERAS_AMP.replace("{backend}", "torch"), 1, 240,
+                                                         lambda r: r["accuracy"] > 0.8 and "cuda" in r["device"]),
         "torch_compile": lambda: (check_job(TORCH_COMPILE, 1, 240, lambda r: r["loss"] == r["loss"])
                                   if shutil.which("cc") or shutil.which("gcc") else
                                   {"ok": None, "note": "no C compiler: Triton compiles a launcher at run time; the "
                                                        "runtime image has none (docs/GPU.md, item 8)"}),
         "input_wait_resnet50": check_input_wait,
         "two_ranks_one_gpu": check_sharing,
-        "keras_tensorflow": check_keras_tensorflow,
     }
-    results = {"gpus": found, "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    tf_checks = {
+        "tf_nccl_collectives": lambda: check_job(TF_NCCL_OPS, np, 240, lambda r: r.get("ok") and r.get("size") == np
+                                                   and "GPU" in r["device"]),
+        "keras_tensorflow_mixed_float16": lambda: check_job(KERAS_AMP.replace("{backend}", "tensorflow"), 1, 300,
+                                                              lambda r: r["accuracy"] > 0.8 and "GPU" in r["device"]),
+    }
+    checks = {"env": check_env,
+              **{name: (check if flavour == "torch" else lambda: other) for name, check in torch_checks.items()},
+              **{name: (check if flavour == "tensorflow" else lambda: other) for name, check in tf_checks.items()},
+              "keras_example": check_keras_example}
+    results = {"gpus": found, "flavour": flavour, "python": sys.version.split()[0],
+               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for name, check in checks.items():
         try:
             result = check()

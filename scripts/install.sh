@@ -5,15 +5,18 @@
 #
 #   scripts/install.sh            # CPU: OpenMPI + Gloo, torch, tensorflow-cpu (apt-get installs OpenMPI as root)
 #   scripts/install.sh --gpu      # GPU: torch + Keras 3 (torch backend), Horovod with NCCL (no GPU needed to build)
+#   scripts/install.sh --gpu-tf   # GPU: TensorFlow (CUDA 12 wheels) + Keras 3 + tf-keras, Horovod with NCCL; needs
+#                                 #   a CUDA 12 nvcc (CUDA_HOME, default /usr/local/cuda): PyPI has none for CUDA 12
 #   scripts/install.sh --check-only   # prerequisites only (Python, compiler, OpenMPI, CUDA), changes nothing
 #   scripts/install.sh --print-pins   # every pin as KEY=VALUE lines (scripts/installer.py pins)
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
 #   scripts/install.sh --strip-build-tools # remove nvcc's wheels, cmake and uv from a GPU venv after the build
 #
-# Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu), HVDKIT_PYTHON (default python3), HVDKIT_CACHE_DIR
+# Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu; --gpu-tf: .venv-gpu-tf), HVDKIT_PYTHON (default python3), HVDKIT_CACHE_DIR
 # (default ~/.cache/hvdkit; uv's cache: its uv/), HVDKIT_NO_APT=1, HVDKIT_TORCH_VERSION (another torch than the
-# lock's), CXX; GPU: CUDA_HOME (torch's CUDA major; else nvcc from NVIDIA's wheels), HOROVOD_BUILD_CUDA_CC_LIST.
+# lock's), CXX; GPU: CUDA_HOME (the framework's CUDA major; --gpu: else nvcc from NVIDIA's wheels;
+# --gpu-tf: else /usr/local/cuda), HOROVOD_BUILD_CUDA_CC_LIST.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,13 +55,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
     --gpu) MODE=gpu ;;
+    --gpu-tf) MODE=gpu-tf ;;
     --check-only) CHECK_ONLY=1 ;;
     --print-pins) echo "$PINS"; exit 0 ;;
     --no-project) NO_PROJECT=1 ;;
     --strip-build-tools) STRIP=1 ;;
     --patch-only) [ $# -ge 2 ] || die "--patch-only needs a directory: scripts/install.sh --patch-only horovod-$HOROVOD_VERSION"
                   PATCH_ONLY_DIR=$2; shift ;;
-    *) die "unknown option '$1': use --cpu, --gpu, --check-only, --print-pins, --patch-only DIR, --no-project or --strip-build-tools" ;;
+    *) die "unknown option '$1': use --cpu, --gpu, --gpu-tf, --check-only, --print-pins, --patch-only DIR, --no-project or --strip-build-tools" ;;
   esac
   shift
 done
@@ -69,13 +73,15 @@ if [ -n "$PATCH_ONLY_DIR" ]; then
 fi
 
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
-if [ "$MODE" = gpu ] || [ "$STRIP" = 1 ]; then VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu}; else VENV=${HVDKIT_VENV:-$ROOT/.venv}; fi
+case "$MODE" in gpu) VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu} ;; gpu-tf) VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu-tf} ;; *) VENV=${HVDKIT_VENV:-$ROOT/.venv} ;; esac
+[ "$STRIP" = 0 ] || [ "$MODE" != cpu ] || VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu}
 STAMP="$VENV/.hvdkit-installed"
 if [ "$STRIP" = 1 ]; then
   # What only the Horovod build needs (the runtime image has none): nvcc's wheels, cmake and uv; and
   # static archives only a linker reads (triton's CUPTI copies: about 170 MB).
   [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV to strip: set HVDKIT_VENV"
-  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl)[^=]*)==' | tr -d = || true)
+  # Not TensorFlow's nvidia-cuda-nvcc-cu12: its ptxas is how XLA assembles kernels at run time.
+  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl))==' | tr -d = || true)
   [ -z "$build_only" ] || { step "removing build-only packages: $(echo $build_only)"; "$VENV/bin/python" -m pip uninstall -y -q $build_only; }
   find "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" -name '*_static.a' -type f -print -delete
   exit 0
@@ -124,14 +130,18 @@ need_debian() {
 check_nvcc() {  # check_nvcc DIR MAJOR(empty: any) HOW-TO-FIX
   [ -x "$1/bin/nvcc" ] || die "$1 has no bin/nvcc: $3"
   local release; release=$("$1/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
-  [ -z "$2" ] || [ "${release%%.*}" = "$2" ] || die "nvcc in $1 is CUDA ${release:-unknown} but torch $TORCH_VERSION is built for CUDA $2: $3"
+  [ -z "$2" ] || [ "${release%%.*}" = "$2" ] || die "nvcc in $1 is CUDA ${release:-unknown} but $4 is built for CUDA $2: $3"
 }
 CUDA_FIX="point CUDA_HOME at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
+# TensorFlow's GPU wheels are CUDA 12, and PyPI's nvidia-cuda-nvcc-cu12 carries ptxas but no nvcc: the build
+# needs a CUDA 12 toolkit on the machine (NVIDIA's devel images have one at /usr/local/cuda).
+TF_CUDA_FIX="install a CUDA $TF_CUDA_MAJOR toolkit (NVIDIA's, or Debian's nvidia-cuda-toolkit) and set CUDA_HOME to it (PyPI has no CUDA $TF_CUDA_MAJOR nvcc), or build the image: docker build -f Dockerfile.gpu --build-arg FLAVOUR=tensorflow ."
 
 step "checking prerequisites ($MODE mode)" && check_python && check_compiler
 need_debian OpenMPI "openmpi-bin libopenmpi-dev" mpicxx mpirun
 need_debian patch patch patch
-[ "$MODE" = cpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$([ -n "${HVDKIT_TORCH_VERSION:-}" ] || echo "$TORCH_CUDA_MAJOR")" "$CUDA_FIX"
+[ "$MODE" != gpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$([ -n "${HVDKIT_TORCH_VERSION:-}" ] || echo "$TORCH_CUDA_MAJOR")" "$CUDA_FIX" "torch $TORCH_VERSION"
+[ "$MODE" != gpu-tf ] || check_nvcc "${CUDA_HOME:-/usr/local/cuda}" "$TF_CUDA_MAJOR" "$TF_CUDA_FIX" "tensorflow $TENSORFLOW_VERSION"
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK ($MODE flavour, virtualenv $VENV)"; exit 0; fi
 
@@ -148,9 +158,12 @@ pip_q install -c "$PINS_FILE" uv || die "pip could not install uv (the installer
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$CACHE_DIR/uv} UV_INDEX_STRATEGY=unsafe-best-match UV_COMPILE_BYTECODE=1
 eval "$("$VENV/bin/python" "$ROOT/scripts/installer.py" uv-env)"
 UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" -c "$PINS_FILE")
-if [ "$MODE" = gpu ]; then EXTRAS=(gpu bench horovod); else EXTRAS=(torch keras bench horovod); fi
-[ "$MODE" = cpu ] || [ -n "${CUDA_HOME:-}" ] || EXTRAS+=(gpu-build)
-step "installing torch $TORCH_VERSION, keras $KERAS_VERSION$([ "$MODE" = cpu ] && echo ", tensorflow $TENSORFLOW_VERSION") and the rest of .[$(IFS=,; echo "${EXTRAS[*]}")] (uv)"
+case "$MODE" in
+  gpu) EXTRAS=(gpu bench horovod); [ -n "${CUDA_HOME:-}" ] || EXTRAS+=(gpu-build); FRAMEWORKS="torch $TORCH_VERSION" ;;
+  gpu-tf) EXTRAS=(gpu-tf horovod); FRAMEWORKS="tensorflow $TENSORFLOW_VERSION (CUDA $TF_CUDA_MAJOR)" ;;
+  *) EXTRAS=(torch keras bench horovod); FRAMEWORKS="torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION" ;;
+esac
+step "installing $FRAMEWORKS, keras $KERAS_VERSION and the rest of .[$(IFS=,; echo "${EXTRAS[*]}")] (uv)"
 "${UV[@]}" -r "$ROOT/pyproject.toml" "${EXTRAS[@]/#/--extra=}" \
   || die "uv could not install hvdkit's requirements (its message is above): check that the package index is reachable and rerun"
 
@@ -174,29 +187,44 @@ if [ "$MODE" = gpu ]; then
   [ -e "$NCCL_ROOT/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so"
   echo "    CUDA $torch_cuda from $CUDA_ROOT; NCCL from $NCCL_ROOT (torch's wheel)"
 fi
+# GPU, TensorFlow: nvcc from the CUDA 12 toolkit; NCCL and the CUDA runtime are TensorFlow's wheels (the ones
+# it loads), so the process has one of each.
+if [ "$MODE" = gpu-tf ]; then
+  read -r SITE tf_cuda < <("$VENV/bin/python" -c 'import sysconfig, importlib.metadata as m; print(sysconfig.get_paths()["purelib"], m.version("nvidia-cuda-runtime-cu12"))' 2>/dev/null) || true
+  [ -n "${tf_cuda:-}" ] || die "tensorflow $TENSORFLOW_VERSION in $VENV came without its CUDA wheels (tensorflow[and-cuda]): remove $VENV and rerun"
+  CUDA_ROOT=${CUDA_HOME:-/usr/local/cuda}
+  NCCL_ROOT="$SITE/nvidia/nccl"
+  [ -f "$NCCL_ROOT/include/nccl.h" ] && [ -f "$NCCL_ROOT/lib/libnccl.so.2" ] \
+    || die "TensorFlow's NCCL wheel is missing ($NCCL_ROOT has no include/nccl.h or lib/libnccl.so.2): reinstall with scripts/install.sh --gpu-tf"
+  [ -e "$NCCL_ROOT/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so"
+  echo "    nvcc from $CUDA_ROOT; CUDA runtime $tf_cuda and NCCL from TensorFlow's wheels ($SITE/nvidia)"
+fi
 
 # ---- 3. Horovod: cached wheel, or patched source build ----
 # HOROVOD_WITHOUT_DEBUG_INFO (patch item 10): no -g, a quarter less compile time; 0 keeps line tables.
-HOROVOD_FLAGS=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1
+if [ "$MODE" = gpu-tf ]; then TORCH_FLAG=HOROVOD_WITHOUT_PYTORCH=1; else TORCH_FLAG=HOROVOD_WITH_PYTORCH=1; fi
+HOROVOD_FLAGS=("$TORCH_FLAG" HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1
                "HOROVOD_WITHOUT_DEBUG_INFO=${HOROVOD_WITHOUT_DEBUG_INFO:-1}")
-if [ "$MODE" = cpu ]; then
+case "$MODE" in
   # HOROVOD_TORCH_WITHOUT_CUDA is the patch's switch: a CUDA torch needs no CUDA toolkit for a CPU build.
-  HOROVOD_FLAGS+=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_TORCH_WITHOUT_CUDA=1)
-else
+  cpu) HOROVOD_FLAGS+=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_TORCH_WITHOUT_CUDA=1) ;;
   # CUDA_HOME too: torch's cpp_extension (which Horovod's FindPytorch asks for cudart) reads it.
-  HOROVOD_FLAGS+=(HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$CUDA_ROOT" "CUDA_HOME=$CUDA_ROOT"
-                  "HOROVOD_NCCL_HOME=$NCCL_ROOT" "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-$GPU_CUDA_CC_LIST}")
-fi
+  gpu) HOROVOD_FLAGS+=(HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$CUDA_ROOT" "CUDA_HOME=$CUDA_ROOT") ;;
+  gpu-tf) HOROVOD_FLAGS+=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$CUDA_ROOT") ;;
+esac
+[ "$MODE" = cpu ] || HOROVOD_FLAGS+=("HOROVOD_NCCL_HOME=$NCCL_ROOT" "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-$GPU_CUDA_CC_LIST}")
 # The wheel's cache key: everything the binary depends on. [tool.hvdkit]'s pins, the installed versions of
 # what the build compiles against or runs (not the lock: a test tool's bump must not rebuild Horovod), the
 # flags, the patch, the interpreter and the MPI build.
 CACHE_KEY=$( {
   echo "$MODE $HOROVOD_VERSION"; grep -v '_VERSION=' <<<"$PINS" || true
   "$VENV/bin/python" -c 'import importlib.metadata as m, sys, sysconfig; print(sys.version, sysconfig.get_platform())
-for name in ("torch", "tensorflow", "tensorflow-cpu", "cmake", "setuptools", "wheel", "cuda-toolkit"):
+for name in ("torch", "tensorflow", "tensorflow-cpu", "cmake", "setuptools", "wheel", "cuda-toolkit",
+             "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12"):
     try: print(name, m.version(name))
     except m.PackageNotFoundError: pass'
   printf '%s\n' "${HOROVOD_FLAGS[@]}"; cat "$PATCH_FILE"; mpirun --version 2>&1 | head -n 1
+  [ "$MODE" = cpu ] || "$CUDA_ROOT/bin/nvcc" --version 2>/dev/null | tail -n 1
 } | sha256sum | cut -c1-16)
 WHEEL_DIR="$CACHE_DIR/wheels/$CACHE_KEY"
 if [ "$(cat "$VENV/.hvdkit-horovod-key" 2>/dev/null)" = "$CACHE_KEY" ] && "$VENV/bin/python" -c 'import horovod' 2>/dev/null; then
@@ -240,7 +268,7 @@ fi
 step "installing hvdkit (editable, .[$(IFS=,; echo "${EXTRAS[*]}")])"
 "${UV[@]}" --no-build-isolation -e "$ROOT[$(IFS=,; echo "${EXTRAS[*]}")]" || die "uv could not install hvdkit (its message is above)"
 step "checking Horovod's build (hvdkit env asks the built extension itself)"
-if [ "$MODE" = gpu ]; then REQUIRE=torch,mpi,gloo,nccl,cuda; else REQUIRE=torch,tensorflow,mpi,gloo; fi
+case "$MODE" in gpu) REQUIRE=torch,mpi,gloo,nccl,cuda ;; gpu-tf) REQUIRE=tensorflow,mpi,gloo,nccl,cuda ;; *) REQUIRE=torch,tensorflow,mpi,gloo ;; esac
 "$VENV/bin/hvdkit" env --require "$REQUIRE" | sed 's/^/    /' || { [ "${PIPESTATUS[0]}" != 2 ] \
   || die "a HOROVOD_* setting in this environment is invalid (named above): fix or unset it and rerun; the build is fine"
   die "the Horovod build lacks what the $MODE flavour needs (see above): read $CACHE_DIR/build-$CACHE_KEY.log, remove $WHEEL_DIR and rerun"; }

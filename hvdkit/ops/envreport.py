@@ -73,6 +73,7 @@ class EnvReport:
     interfaces: dict[str, list[str]] = field(default_factory=dict)
     horovod_settings: dict[str, str] = field(default_factory=dict)   # every HOROVOD_* set here
     setting_errors: dict[str, str] = field(default_factory=dict)     # those Horovod would misread: name -> why
+    tensorflow_cuda: str | None = None     # the CUDA TensorFlow was built with; None: CPU build or no TensorFlow
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -108,6 +109,23 @@ def torch_cuda_version() -> str | None:
             match = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*'([^']+)'", f.read(), re.M)
     except OSError:
         return None
+    return match.group(1) if match else None
+
+
+def tensorflow_cuda_version() -> str | None:
+    """CUDA version TensorFlow was built with, read from its build_info.py without importing it (seconds)."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "python", "platform", "build_info.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    if not re.search(r"'is_cuda_build',\s*True", text):
+        return None
+    match = re.search(r"'cuda_version',\s*'([^']+)'", text)
     return match.group(1) if match else None
 
 
@@ -209,6 +227,7 @@ def collect() -> EnvReport:
         interfaces=ipv4_interfaces(),
         horovod_settings=settings,
         setting_errors=setting_errors,
+        tensorflow_cuda=tensorflow_cuda_version(),
     )
 
 
@@ -243,7 +262,10 @@ def render_text(report: EnvReport) -> str:
     ]
     for name, version in report.packages.items():
         lines.append(f"{name:<11} {version or 'not installed'}")
-    lines.append(f"torch CUDA  {report.torch_cuda or 'none (CPU build)'}")
+    if report.packages.get("torch"):
+        lines.append(f"torch CUDA  {report.torch_cuda or 'none (CPU build)'}")
+    if report.packages.get("tensorflow"):
+        lines.append(f"TF CUDA     {report.tensorflow_cuda or 'none (CPU build)'}")
     lines.append(f"MPI         {report.mpi or 'not found'}")
     lines.append(f"GPUs        {', '.join(report.gpus) if report.gpus else 'none visible'}")
     lines.append(f"host        {report.hostname}, {report.cpu_count} CPU cores, interfaces "

@@ -199,6 +199,28 @@ def test_gpu_mode_refuses_a_cuda_toolkit_of_another_major(tmp_path):
     assert_one_line_error(proc, "is CUDA 12.8 but torch", f"built for CUDA {pins()['TORCH_CUDA_MAJOR']}")
 
 
+def test_tf_gpu_mode_without_a_cuda_12_toolkit_says_pypi_has_no_nvcc(tmp_path):
+    """TensorFlow's GPU wheels are CUDA 12 and PyPI's nvidia-cuda-nvcc-cu12 has only ptxas: no CUDA_HOME and no
+    /usr/local/cuda is one line naming both ways out, before any venv is made."""
+    venv = tmp_path / "venv"
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(tmp_path / "none"), "HVDKIT_VENV": str(venv)})
+    assert_one_line_error(proc, "has no bin/nvcc", "PyPI has no CUDA 12 nvcc", "--build-arg FLAVOUR=tensorflow")
+    assert not venv.exists()
+
+
+def test_tf_gpu_mode_refuses_torchs_cuda_13(tmp_path):
+    fake = tmp_path / "cuda-13.0"
+    (fake / "bin").mkdir(parents=True)
+    wrapper_compiler(fake / "bin" / "nvcc", "echo 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake)})
+    assert_one_line_error(proc, "is CUDA 13.0 but tensorflow", f"built for CUDA {pins()['TF_CUDA_MAJOR']}")
+    fake12 = tmp_path / "cuda-12.9"
+    (fake12 / "bin").mkdir(parents=True)
+    wrapper_compiler(fake12 / "bin" / "nvcc", "echo 'Cuda compilation tools, release 12.9, V12.9.86'\n")
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake12), "HVDKIT_VENV": ""})
+    assert proc.returncode == 0 and f"virtualenv {ROOT}/.venv-gpu-tf)" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_unknown_option():
     assert_one_line_error(run_script("--fast"), "unknown option '--fast'")
 

@@ -77,3 +77,28 @@ def test_horovod_settings_are_shown_and_a_misread_one_is_marked_with_launchs_wor
     assert "HOROVOD_CYCLE_TIME=0.1\n" in text
     assert "HOROVOD_FUSION_THRESHOLD=lots  INVALID (hvdkit launch refuses it)" in text
     assert report.to_dict()["setting_errors"] == errors
+
+
+def test_tensorflows_cuda_is_read_from_its_build_info_without_importing_it(tmp_path, monkeypatch):
+    """The TF GPU flavour's report names TensorFlow's CUDA (build_info.py, as TF's GPU wheels write it);
+    a CPU build (tensorflow-cpu) and no TensorFlow give None, and the text shows the line only with TF."""
+    import sys
+
+    platform_dir = tmp_path / "tensorflow" / "python" / "platform"
+    platform_dir.mkdir(parents=True)
+    (tmp_path / "tensorflow" / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    info = platform_dir / "build_info.py"
+    info.write_text("import collections\nbuild_info = collections.OrderedDict([('cpu_compiler', 'clang'), "
+                    "('cuda_version', '12.5.1'), ('cudnn_version', '9'), ('is_cuda_build', True)])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    assert envreport.tensorflow_cuda_version() == "12.5.1"
+    info.write_text("build_info = {'is_cuda_build': False, 'is_rocm_build': False}\n")
+    assert envreport.tensorflow_cuda_version() is None
+    report = envreport.EnvReport(
+        hvdkit="0.1.0", python="3.13.5", python_executable="/x/python", platform="Linux",
+        packages={"torch": None, "tensorflow": "2.21.0"}, torch_cuda=None, horovod=None,
+        horovod_error="x", mpi=None, gpus=[], tensorflow_cuda="12.5.1")
+    text = envreport.render_text(report)
+    assert "TF CUDA     12.5.1" in text and "torch CUDA" not in text
+    assert envreport.EnvReport.from_dict(report.to_dict()).tensorflow_cuda == "12.5.1"
