@@ -135,8 +135,8 @@ def check_nccl(on_gpu: bool, backend: Backend, environ: Mapping[str, str] | None
         return
     flavour = ("the GPU flavour: scripts/install.sh --gpu (.venv-gpu) or the Dockerfile.gpu image"
                if backend.name == "torch" else
-               "Keras on PyTorch in the GPU flavour (KERAS_BACKEND=torch; scripts/install.sh --gpu or the "
-               "Dockerfile.gpu image): no hvdkit flavour builds Horovod with NCCL for TensorFlow yet")
+               "the TensorFlow GPU flavour: scripts/install.sh --gpu-tf (.venv-gpu-tf) or the Dockerfile.gpu image "
+               "built with --build-arg FLAVOUR=tensorflow")
     raise NoGPUError(f"{backend.framework} sees GPU(s) but this Horovod was built without NCCL, so every allreduce "
                      f"would copy the gradients through host memory: use {flavour}; set {GPU_WITHOUT_NCCL}=1 to "
                      f"train this way knowingly, or {DEVICE}=cpu to train on the CPU")

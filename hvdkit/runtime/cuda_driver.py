@@ -132,9 +132,9 @@ def check_cuda_usable(usable: bool, framework: str, cuda_build: str | None,
     if cvd is not None:
         found += f" (CUDA_VISIBLE_DEVICES={cvd})"
     if cuda_build is None and framework == "TensorFlow":
-        raise NoGPUError(f"{found}: this TensorFlow is a CPU-only build, and hvdkit's GPU flavour "
-                         f"(scripts/install.sh --gpu) carries PyTorch, not TensorFlow: run Keras on PyTorch there "
-                         f"(KERAS_BACKEND=torch), {cpu}")
+        raise NoGPUError(f"{found}: this TensorFlow is a CPU-only build (tensorflow-cpu); use hvdkit's TensorFlow "
+                         f"GPU flavour (scripts/install.sh --gpu-tf, or Dockerfile.gpu with --build-arg "
+                         f"FLAVOUR=tensorflow), {cpu}")
     if cuda_build is None:
         raise NoGPUError(f"{found}: this {framework} is a CPU-only build; install its CUDA build "
                          f"(scripts/install.sh --gpu), {cpu}")

@@ -64,9 +64,11 @@ def test_compose_file_matches_the_compose_specification():
 def test_image_versions_are_the_install_scripts():
     p = pins()
     labels = dict(re.findall(r'io\.hvdkit\.(\w+)="([^"]+)"', DOCKERFILE.read_text()))
-    assert labels == {"horovod": p["HOROVOD_VERSION"], "torch": p["TORCH_VERSION"], "keras": p["KERAS_VERSION"]}
+    assert labels == {"flavour": "${FLAVOUR}", "horovod": p["HOROVOD_VERSION"], "keras": p["KERAS_VERSION"]}
     runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
-    assert "bash scripts/install.sh --gpu" in runs, "the image must build Horovod with the install script"
+    assert 'bash scripts/install.sh "$mode"' in runs, "the image must build Horovod with the install script"
+    # The flavour picks the install script's mode: torch --gpu, tensorflow --gpu-tf.
+    assert 'mode=--gpu; [ "$FLAVOUR" != tensorflow ] || mode=--gpu-tf;' in runs
     # No framework is installed beside the script (a second source of versions).
     assert not re.search(r"pip3? install", runs)
     for name in ("torch", "tensorflow", "horovod", "keras"):
@@ -77,7 +79,7 @@ def test_image_versions_are_the_install_scripts():
 def test_horovod_layer_is_built_from_the_pins_before_hvdkits_code():
     """install.sh --no-project reads requirements.lock and pyproject.toml: both copied before it runs, hvdkit after."""
     builder = stages()["builder"]
-    first = builder.index(("RUN", "bash scripts/install.sh --gpu --no-project"))
+    first = next(i for i, (word, rest) in enumerate(builder) if word == "RUN" and "--no-project" in rest)
     before = " ".join(rest for word, rest in builder[:first] if word == "COPY")
     after = " ".join(rest for word, rest in builder[first:] if word == "COPY")
     for needed in ("requirements.lock", "pyproject.toml", "scripts"):
@@ -90,18 +92,25 @@ def test_build_fails_without_nccl_cuda_or_torch():
     runs = " ".join(rest for word, rest in stages()["builder"] if word == "RUN")
     assert "horovodrun --check-build" in runs
     required = re.search(r"hvdkit env --json --require (\S+)", runs)
-    assert required and {"torch", "nccl", "cuda"} <= set(required.group(1).split(",")), runs
+    assert required and {'"$FLAVOUR', "nccl", 'cuda"'} <= set(required.group(1).split(",")), runs
+    assert re.search(r"^ARG FLAVOUR=torch$", DOCKERFILE.read_text(), re.M), "torch is the default flavour"
 
 
-def test_one_cuda_and_one_nccl_torchs():
-    """The image's CUDA major is torch's (a pin in install.sh), and NCCL comes only from torch's wheel."""
+def test_one_cuda_and_one_nccl_the_frameworks():
+    """Each flavour's CUDA major is its framework's (pins), and NCCL comes only from the framework's wheel."""
     p = pins()
     text = DOCKERFILE.read_text()
     cuda = re.search(r"ARG CUDA_VERSION=(\d+)\.", text).group(1)
     assert cuda == p["TORCH_CUDA_MAJOR"], (f"Dockerfile.gpu's CUDA base is {cuda}.x but torch {p['TORCH_VERSION']} "
                                            f"is CUDA {p['TORCH_CUDA_MAJOR']}: one process would load two CUDAs")
-    froms = [rest for word, rest in instructions() if word == "FROM"]
-    assert all(f.startswith("nvidia/cuda:${CUDA_VERSION}-") for f in froms), froms
+    tf_cuda = re.search(r"ARG TF_CUDA_VERSION=(\d+)\.", text).group(1)
+    assert tf_cuda == p["TF_CUDA_MAJOR"], (tf_cuda, p["TF_CUDA_MAJOR"])
+    froms = dict(reversed(rest.split(" AS ")) for word, rest in instructions() if word == "FROM")
+    assert froms == {"base-torch": "nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION}",
+                     "toolchain-torch": "base-torch",
+                     "base-tensorflow": "nvidia/cuda:${TF_CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION}",
+                     "toolchain-tensorflow": "nvidia/cuda:${TF_CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}",
+                     "builder": "toolchain-${FLAVOUR}", "runtime": "base-${FLAVOUR}"}, froms
     apt = " ".join(rest for word, rest in instructions() if word == "RUN")
     assert not re.search(r"libnccl|cuda-toolkit|nvidia-cuda", apt), "a second NCCL/CUDA from apt"
     assert "NCCL_HOME" not in text and "CUDA_HOME" not in text, "the build must use torch's NCCL and CUDA wheels"
@@ -133,14 +142,16 @@ def test_sshd_is_key_only_on_port_12345():
 
 def test_final_stage_is_the_slim_runtime_with_an_entrypoint():
     names = list(stages())
-    assert names == ["builder", "runtime"]
+    assert names[-2:] == ["builder", "runtime"], names
     runtime = stages()["runtime"]
     words = [w for w, _ in runtime]
     assert ("COPY", "--from=builder /opt/hvdkit /opt/hvdkit") in runtime
     assert "g++" not in " ".join(r for w, r in runtime if w == "RUN"), "no compilers in the runtime stage"
-    # torch's wheels carry the CUDA runtime, cuDNN and NCCL: a cudnn/runtime base would add a second copy of each.
-    froms = [rest for word, rest in instructions() if word == "FROM"]
-    assert all("-base-" in f for f in froms), froms
+    # The frameworks' wheels carry the CUDA runtime, cuDNN and NCCL: a cudnn/runtime base would add a second
+    # copy of each. Only TensorFlow's builder starts from `devel` (PyPI has no CUDA 12 nvcc).
+    froms = [rest for word, rest in instructions() if word == "FROM" and "nvidia/cuda" in rest]
+    assert [f for f in froms if "-base-" not in f] == [
+        "nvidia/cuda:${TF_CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS toolchain-tensorflow"], froms
     env = " ".join(rest for word, rest in runtime if word == "ENV")
     assert "NCCL_SOCKET_IFNAME" not in env, "NCCL chooses the interface unless the user names one"
     assert re.search(r"libibverbs1 .*ibverbs-providers .*librdmacm1", " ".join(r for w, r in runtime if w == "RUN"))

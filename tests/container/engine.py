@@ -7,12 +7,14 @@ host's firewall nor its forwarding and makes no docker0 bridge (the network-name
 test hosts share this machine). Builds use ``--network host``; compose makes its own
 bridge and removes it on ``down``.
 
-No container registry is reachable here, so the CUDA base image is a stand-in:
-Debian 12 from ``debootstrap --variant=minbase`` (Python 3.11, no CUDA libraries;
-nothing in the build needs a GPU), given the host's apt sources, extra CA
-certificates and pip settings, imported and tagged with the exact names the
-Dockerfile's FROM lines use, so that the classic builder (DOCKER_BUILDKIT=0)
-builds the unmodified Dockerfile. Where the machine has a local package mirror
+No container registry is reachable here, so the CUDA base images are stand-ins
+from ``debootstrap --variant=minbase`` (no CUDA libraries; nothing in the build
+needs a GPU): Debian 12 (Python 3.11) for torch's CUDA 13 ``base``, Debian 13
+(Python 3.13) for TensorFlow's CUDA 12 ``base`` and, with Debian's non-free
+nvidia-cuda-toolkit (nvcc 12.4) at /usr/local/cuda, for its ``devel`` image. Each
+is given the host's apt mirror, extra CA certificates and pip settings, imported
+and tagged with the exact names the Dockerfile's FROM lines use, so that the
+classic builder (DOCKER_BUILDKIT=0) builds the unmodified Dockerfile. Where the machine has a local package mirror
 (/opt/pypi*), a loopback HTTP server hands it to pip inside the build.
 
     with Engine(data_root) as engine:
@@ -49,15 +51,38 @@ class EngineError(RuntimeError):
 
 
 def base_images(dockerfile: Path) -> list[str]:
-    """The image names the Dockerfile's FROM lines resolve to, with its ARG defaults filled in."""
+    """The images the Dockerfile's FROM lines pull, with its ARG defaults filled in (not its own stages).
+
+    The classic builder pulls every stage's base, also those of the flavour not built.
+    """
     text = dockerfile.read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)", text, re.M))
     names = []
     for ref in re.findall(r"^FROM (\S+)", text, re.M):
         name = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ref)
-        if name not in names:
+        if name not in names and name not in stages:
             names.append(name)
     return names
+
+
+# What stands in for each CUDA base: torch's CUDA 13 bases are Debian 12; TensorFlow's CUDA 12 ones
+# Debian 13, whose non-free nvidia-cuda-toolkit is the one CUDA 12 nvcc a Debian mirror has.
+STAND_IN_SUITES = {"13": "bookworm", "12": "trixie"}
+# Debian's nvcc 12.4 takes GCC <= 13 (trixie's default is 14; NVIDIA's Ubuntu 24.04 devel image has 13).
+DEVEL_ENV = {"CXX": "g++-13",
+             "PATH": "/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+# What a Horovod build does not link and a stand-in need not carry (about 4 GB of Debian's CUDA libraries).
+DEVEL_PRUNE = ("libcublas", "libcufft", "libcusparse", "libcusolver", "libnpp", "libnvjpeg", "libcurand", "libnvblas",
+               "libnvrtc", "libnvJitLink", "libnvptxcompiler", "libaccinj64", "libcuinj64", "libcupti", "libnvperf")
+
+
+def stand_in_kind(name: str) -> tuple[str, bool]:
+    """(Debian suite, with a CUDA toolkit) for one base image name, e.g. nvidia/cuda:12.9.1-devel-ubuntu24.04."""
+    m = re.fullmatch(r"nvidia/cuda:(\d+)\.[\d.]+-(base|devel)-ubuntu[\d.]+", name)
+    if not m or m.group(1) not in STAND_IN_SUITES:
+        raise EngineError(f"no stand-in is known for the base image {name}: add its CUDA major to STAND_IN_SUITES")
+    return STAND_IN_SUITES[m.group(1)], m.group(2) == "devel"
 
 
 def host_state() -> dict[str, str]:
@@ -209,32 +234,43 @@ class Engine:
         threading.Thread(target=self._index.serve_forever, daemon=True).start()
         return " ".join(f"http://127.0.0.1:{INDEX_PORT}/{m.name}/simple" for m in mirrors)
 
-    def stand_in_base(self, names: list[str], work: Path) -> float:
-        """Make the Debian 12 stand-in and tag it as every name in ``names``; returns seconds spent."""
+    def stand_in_bases(self, names: list[str], work: Path) -> float:
+        """Make the stand-ins for ``names`` (see :func:`stand_in_kind`) and tag them; returns seconds spent."""
         start = time.monotonic()
         index = self.serve_local_index()
-        if all(self.has_image(n) for n in names):
-            return 0.0
+        kinds: dict[tuple[str, bool], list[str]] = {}
+        for name in names:
+            kinds.setdefault(stand_in_kind(name), []).append(name)
+        for (suite, devel), tagged in kinds.items():
+            if not all(self.has_image(n) for n in tagged):
+                self._stand_in(suite, devel, tagged, work, index)
+        return time.monotonic() - start
+
+    def _stand_in(self, suite: str, devel: bool, names: list[str], work: Path, index: str | None) -> None:
         if not shutil.which("debootstrap"):
             raise EngineError("debootstrap not found: apt-get install debootstrap "
                               "(scripts/test-setup.sh --container does, as root)")
-        rootfs = work / "rootfs"
+        rootfs = work / f"rootfs-{suite}{'-devel' if devel else ''}"
         mirror = _host_debian_mirror()
-        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates", "bookworm",
+        proc = subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates", suite,
                                str(rootfs), mirror], capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise EngineError(f"debootstrap failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-        _give_host_settings(rootfs, index)
+            raise EngineError(f"debootstrap {suite} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        _give_host_settings(rootfs, index, suite, mirror)
+        changes: list[str] = []
+        if devel:
+            _add_cuda_toolkit(rootfs, mirror, suite)
+            changes = [f"ENV {k}={v}" for k, v in DEVEL_ENV.items()]
+        _drop_package_caches(rootfs)
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        proc = subprocess.run([DOCKER, "import", "-", names[0]], stdin=tar.stdout, capture_output=True, text=True,
-                              env=self.env(), timeout=600)
+        proc = subprocess.run([DOCKER, "import", *(a for c in changes for a in ("--change", c)), "-", names[0]],
+                              stdin=tar.stdout, capture_output=True, text=True, env=self.env(), timeout=900)
         tar.wait()
         if proc.returncode != 0:
             raise EngineError(f"docker import failed: {proc.stderr}")
         for name in names[1:]:
             self.docker("tag", names[0], name)
         shutil.rmtree(rootfs, ignore_errors=True)
-        return time.monotonic() - start
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -251,26 +287,25 @@ def _host_debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def _give_host_settings(rootfs: Path, index: str | None) -> None:
-    """The host's apt sources and settings, extra CA certificates and pip settings, inside the stand-in."""
+def _give_host_settings(rootfs: Path, index: str | None, suite: str, mirror: str) -> None:
+    """The host's apt sources (its suite's) and settings, extra CA certificates and pip settings, in the stand-in."""
     apt = rootfs / "etc" / "apt"
+    host_suite = _host_suite()
     for src in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*.sources"),
                 *Path("/etc/apt/sources.list.d").glob("*.list")]:
-        if src.is_file():
+        if src.is_file() and suite == host_suite:
             dest = apt / src.relative_to("/etc/apt")
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dest)
+    if suite != host_suite:
+        (apt / "sources.list").write_text(f"deb {mirror} {suite} main\n")
     if (apt / "sources.list.d" / "debian.sources").exists():
         (apt / "sources.list").unlink(missing_ok=True)   # debootstrap's own line would list the suite twice
     for conf in [*Path("/etc/apt/apt.conf.d").glob("99*"), Path("/etc/apt/apt.conf.d/docker-clean")]:
         if conf.is_file():
             shutil.copy(conf, apt / "apt.conf.d" / conf.name)
-    # Like Docker's own Debian/Ubuntu images (and NVIDIA's on top of them): no package
-    # cache or lists in the base; debootstrap leaves about 140 MB of .debs behind.
-    for leftover in [*(rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"),
-                     *(rootfs / "var" / "lib" / "apt" / "lists").glob("*_*")]:
-        leftover.unlink()
     cas = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
+    (rootfs / "usr" / "local" / "share" / "ca-certificates").mkdir(parents=True, exist_ok=True)
     for ca in cas:
         shutil.copy(ca, rootfs / "usr" / "local" / "share" / "ca-certificates" / ca.name)
     if cas:
@@ -279,3 +314,36 @@ def _give_host_settings(rootfs: Path, index: str | None) -> None:
     if index:
         lines.append(f"extra-index-url = {index}")
     (rootfs / "etc" / "pip.conf").write_text("\n".join(lines) + "\n")
+
+
+def _host_suite() -> str:
+    m = re.search(r"^VERSION_CODENAME=(\S+)", Path("/etc/os-release").read_text(), re.M)
+    return m.group(1) if m else "bookworm"
+
+
+def _add_cuda_toolkit(rootfs: Path, mirror: str, suite: str) -> None:
+    """Debian's nvcc in the devel stand-in, at /usr/local/cuda as in NVIDIA's devel images."""
+    listing = rootfs / "etc" / "apt" / "sources.list.d" / "non-free.list"
+    listing.write_text(f"deb {mirror} {suite} contrib non-free\n")     # libcuda1 needs contrib
+    proc = subprocess.run(["chroot", str(rootfs), "sh", "-c",
+                           "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                           "--no-install-recommends nvidia-cuda-toolkit"],
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise EngineError(f"apt-get install nvidia-cuda-toolkit ({suite} contrib non-free) failed:\n"
+                          f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    listing.unlink()
+    libs = rootfs / "usr" / "lib" / "x86_64-linux-gnu"
+    for lib in libs.iterdir():
+        if lib.name.startswith(DEVEL_PRUNE) or (lib.name.endswith("_static.a") and "cudart" not in lib.name):
+            lib.unlink()
+    (rootfs / "usr" / "local" / "cuda").symlink_to("/usr/lib/nvidia-cuda-toolkit")
+
+
+def _drop_package_caches(rootfs: Path) -> None:
+    # Like Docker's own Debian/Ubuntu images (and NVIDIA's on top of them): no package
+    # cache or lists in the base; debootstrap leaves about 140 MB of .debs behind.
+    for leftover in [*(rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"),
+                     *(rootfs / "var" / "lib" / "apt" / "lists").glob("*_*")]:
+        if leftover.is_file():
+            leftover.unlink()

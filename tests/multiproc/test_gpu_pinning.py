@@ -130,7 +130,8 @@ def test_gpus_with_a_horovod_built_without_nccl_stop_every_rank_naming_the_flavo
         assert error.startswith(f"{name} sees GPU(s) but this Horovod was built without NCCL, so every allreduce "
                                 "would copy the gradients through host memory: use "), error
         assert "scripts/install.sh --gpu" in error and "HVDKIT_GPU_WITHOUT_NCCL=1" in error and "\n" not in error
-        assert ("no hvdkit flavour builds Horovod with NCCL for TensorFlow yet" in error) == (name == "TensorFlow")
+        # Each framework is sent to its own GPU flavour.
+        assert ("scripts/install.sh --gpu-tf" in error and "FLAVOUR=tensorflow" in error) == (name == "TensorFlow")
         assert r["calls"] == []
 
 

@@ -302,11 +302,11 @@ def test_pin_gpu_on_a_rank_without_a_gpu_still_joins_the_exchange():
     assert events == ["gather", "gather"], "a CPU rank joins the GPU ranks' exchange and pins nothing"
 
 
-def test_a_cpu_only_tensorflow_is_not_told_to_install_the_torch_gpu_flavour(gpu_host):
+def test_a_cpu_only_tensorflow_is_sent_to_the_tensorflow_gpu_flavour(gpu_host):
     with pytest.raises(NoGPUError) as err:
         check(framework="TensorFlow", cuda_build=None, **gpu_host("580.65.06"))
-    assert "hvdkit's GPU flavour (scripts/install.sh --gpu) carries PyTorch, not TensorFlow" in str(err.value)
-    assert "KERAS_BACKEND=torch" in str(err.value) and "install its CUDA build" not in str(err.value)
+    assert "use hvdkit's TensorFlow GPU flavour (scripts/install.sh --gpu-tf" in str(err.value)
+    assert "FLAVOUR=tensorflow" in str(err.value) and "install its CUDA build" not in str(err.value)
 
 
 @pytest.mark.parametrize("environ, asked", [

@@ -1,0 +1,91 @@
+"""The TensorFlow flavour of Dockerfile.gpu (FLAVOUR=tensorflow), built on its stand-ins and asked what it is.
+
+TensorFlow's GPU wheels are CUDA 12; its Horovod build takes nvcc from the devel base (Debian 13's
+nvidia-cuda-toolkit 12.4 in the stand-in, NVIDIA's 12.9 for users) and NCCL and the CUDA runtime from
+TensorFlow's wheels. The stand-in's Python is 3.13 (NVIDIA's Ubuntu 24.04 has 3.12, Debian 12 3.11),
+so this image also shows the kit, Horovod and horovodrun on a Python without distutils.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.cli.test_install_script import pins
+from tests.container.conftest import TF_CI_CC, in_image
+from tests.multiproc.test_examples_quiet import WARNING
+
+pytestmark = [pytest.mark.container, pytest.mark.timeout(3300)]
+VENV = "/opt/hvdkit/venv"
+# Measured 7.35 GB on the Debian 13 stand-in: the venv is 6.5 GB, of it TensorFlow's CUDA 12 wheels 4.2 GB
+# (cuDNN 1.1, cuBLAS 0.8, cuSOLVER 0.5, NCCL 0.5, cuSPARSE 0.5, cuFFT 0.3, NVRTC 0.2, ...), all of which
+# tensorflow[and-cuda] requires; the torch image's bound is 6.5 GB.
+MAX_IMAGE_BYTES = 7.5e9
+
+
+def test_the_tf_image_reports_tensorflow_on_cuda_12_and_horovod_with_nccl(engine, tf_image):
+    p = pins()
+    report = json.loads(in_image(engine, tf_image, "hvdkit", "env", "--json").stdout)
+    hb = report["horovod"]
+    assert hb is not None, report["horovod_error"]
+    assert hb["frameworks"] == {"torch": False, "tensorflow": True}, hb["frameworks"]
+    assert hb["tensor_operations"]["nccl"] and hb["cuda_built"], hb
+    assert hb["controllers"] == {"mpi": True, "gloo": True}
+    assert report["packages"]["tensorflow"] == p["TENSORFLOW_VERSION"] and report["packages"]["torch"] is None
+    assert (report["tensorflow_cuda"] or "").split(".")[0] == p["TF_CUDA_MAJOR"], report["tensorflow_cuda"]
+    assert report["python"].startswith("3.13"), report["python"]
+    # NCCL is TensorFlow's own nvidia-nccl-cu12 wheel.
+    wheel_nccl = in_image(engine, tf_image, f"{VENV}/bin/python", "-c",
+                          "import importlib.metadata as m; print(m.version('nvidia-nccl-cu12'))").stdout.strip()
+    assert wheel_nccl.startswith(hb["nccl_version"]), (wheel_nccl, hb["nccl_version"])
+    # The kernels of the build argument, read from the library's fatbin.
+    assert hb["cuda_arches"]["sass"] == [int(TF_CI_CC)], hb["cuda_arches"]
+    env = in_image(engine, tf_image, "env").stdout
+    assert "KERAS_BACKEND=tensorflow" in env, env
+
+
+def test_one_nccl_and_one_cuda_runtime_both_tensorflows(engine, tf_image):
+    out = in_image(engine, tf_image, f"{VENV}/bin/python", "-c",
+                   "import json, os, sysconfig, tensorflow, horovod.tensorflow as hvd\n"
+                   "hvd.init()\n"
+                   "maps = open('/proc/self/maps').read().split('\\n')\n"
+                   "print(json.dumps([sysconfig.get_paths()['purelib'],"
+                   " sorted({os.path.realpath(l.split()[-1]) for l in maps if '/' in l})]))").stdout
+    site, loaded = json.loads(out.strip().splitlines()[-1])
+    nccl = [p for p in loaded if re.search(r"/libnccl\.so", p)]
+    cudart = [p for p in loaded if re.search(r"/libcudart\.so", p)]
+    assert nccl == [f"{site}/nvidia/nccl/lib/libnccl.so.2"], nccl
+    assert all(p.startswith(f"{site}/nvidia/") for p in cudart) and len(cudart) <= 1, cudart
+
+
+def test_the_tf_runtime_image_has_no_compilers_or_cuda_toolkit(engine, tf_image):
+    # TensorFlow's own ptxas (nvidia-cuda-nvcc-cu12) stays: XLA assembles its kernels with it at run time.
+    found = in_image(engine, tf_image, "sh", "-c",
+                     "for t in gcc g++ cc c++ nvcc ptxas cmake make; do command -v $t; done; "
+                     "find / -xdev \\( -name nvcc -o -name ptxas -o -name cicc -o -name cmake \\) "
+                     "-not -path '*/site-packages/nvidia/cuda_nvcc/bin/ptxas' -print 2>/dev/null; "
+                     "ls -d /usr/local/cuda 2>/dev/null; true").stdout.split()
+    assert found == [], f"build tools left in the runtime image: {found}"
+    assert in_image(engine, tf_image, "sh", "-c", "find / -xdev -name '*_static.a' | wc -l").stdout.strip() == "0"
+
+
+def test_the_tf_image_size_stays_under_7_5_gb(engine, tf_image):
+    size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", tf_image).stdout)
+    engine.timings["tf_image_bytes"] = size
+    print(f"image {tf_image}: {size / 1e9:.2f} GB on the Debian 13 stand-in base")
+    assert size <= MAX_IMAGE_BYTES, f"{size / 1e9:.2f} GB > {MAX_IMAGE_BYTES / 1e9} GB"
+
+
+def test_the_keras_example_runs_unmodified_on_two_ranks_in_each_image(engine, image, tf_image):
+    """examples/keras_mnist.py as shipped (its backend: the image's KERAS_BACKEND), hvdkit launch's default
+    controller, 2 ranks on the CPU."""
+    for tag, backend in ((tf_image, "tensorflow"), (image, "torch")):
+        out = engine.docker("run", "--rm", "--network", "host", "--entrypoint", "", tag, "sh", "-c",
+                            "hvdkit launch -np 2 python examples/keras_mnist.py --epochs 3 --json 2>&1",
+                            timeout=900).stdout
+        assert not WARNING.findall(out), (tag, WARNING.findall(out))
+        final = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        assert final["backend"] == backend and final["size"] == 2, final
+        assert final["test_accuracy"] >= 0.85, final
