@@ -250,8 +250,8 @@ def main() -> int:
               "machine, see docs/GPU.md", file=sys.stderr)
         return 2
     if not (BIN / "hvdkit").exists():
-        print(f"make test-gpu: no hvdkit beside {sys.executable}: run make install-gpu first (it makes .venv-gpu), "
-              f"or run this script with the image's python", file=sys.stderr)
+        print(f"make test-gpu: no hvdkit beside {sys.executable}: run make install-gpu (.venv-gpu) or make "
+              f"install-gpu-tf (.venv-gpu-tf) first, or run this script with the image's python", file=sys.stderr)
         return 2
     np = min(len(found), 8)
     # Each flavour's own checks: torch's (install.sh --gpu) or TensorFlow's (--gpu-tf); the other's are "not run".

@@ -12,6 +12,7 @@
 #   scripts/install.sh --patch-only DIR   # apply the guarded Horovod patch to an unpacked sdist
 #   scripts/install.sh --gpu --no-project # everything but hvdkit itself (Dockerfile.gpu's cached layer)
 #   scripts/install.sh --strip-build-tools # remove nvcc's wheels, cmake and uv from a GPU venv after the build
+#                                          # (.venv-gpu; with --gpu-tf first: .venv-gpu-tf)
 #
 # Environment: HVDKIT_VENV (default .venv; --gpu: .venv-gpu; --gpu-tf: .venv-gpu-tf), HVDKIT_PYTHON (default python3), HVDKIT_CACHE_DIR
 # (default ~/.cache/hvdkit; uv's cache: its uv/), HVDKIT_NO_APT=1, HVDKIT_TORCH_VERSION (another torch than the
@@ -72,6 +73,8 @@ if [ -n "$PATCH_ONLY_DIR" ]; then
   echo "patched $PATCH_ONLY_DIR with scripts/patches/$(basename "$PATCH_FILE")"; exit 0
 fi
 
+[ "$MODE" != gpu-tf ] || [ -z "${HVDKIT_TORCH_VERSION:-}" ] \
+  || die "HVDKIT_TORCH_VERSION chooses the torch of the CPU and --gpu flavours; --gpu-tf has no torch: unset it"
 TORCH_VERSION=${HVDKIT_TORCH_VERSION:-$TORCH_VERSION}
 case "$MODE" in gpu) VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu} ;; gpu-tf) VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu-tf} ;; *) VENV=${HVDKIT_VENV:-$ROOT/.venv} ;; esac
 [ "$STRIP" = 0 ] || [ "$MODE" != cpu ] || VENV=${HVDKIT_VENV:-$ROOT/.venv-gpu}
@@ -80,8 +83,10 @@ if [ "$STRIP" = 1 ]; then
   # What only the Horovod build needs (the runtime image has none): nvcc's wheels, cmake and uv; and
   # static archives only a linker reads (triton's CUPTI copies: about 170 MB).
   [ -x "$VENV/bin/python" ] || die "no virtualenv at $VENV to strip: set HVDKIT_VENV"
-  # Not TensorFlow's nvidia-cuda-nvcc-cu12: its ptxas is how XLA assembles kernels at run time.
-  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl))==' | tr -d = || true)
+  build_only=$("$VENV/bin/python" -m pip list --format=freeze | grep -o -E '^(cmake|uv|nvidia-(cuda-nvcc|cuda-crt|nvvm|cuda-cccl)(-cu[0-9]+)?)==' | tr -d = || true)
+  # Not TensorFlow's nvidia-cuda-nvcc-cu12 where TensorFlow is installed: its ptxas is how XLA assembles kernels.
+  ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("tensorflow")' 2>/dev/null \
+    || build_only=$(grep -v -x 'nvidia-cuda-nvcc-cu12' <<<"$build_only" || true)
   [ -z "$build_only" ] || { step "removing build-only packages: $(echo $build_only)"; "$VENV/bin/python" -m pip uninstall -y -q $build_only; }
   find "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" -name '*_static.a' -type f -print -delete
   exit 0
@@ -102,11 +107,11 @@ CXX17_PROBE='#include <optional>\nint main() { std::optional<int> x{1}; return *
 check_compiler() {
   command -v "$CXX_BIN" >/dev/null 2>&1 || die "no C++ compiler '$CXX_BIN' found: apt-get install g++ (Horovod is built from source), or set CXX"
   local std=17 probe=$CXX17_PROBE tmp have
-  printf '%s\n' 2.14 "$TORCH_VERSION" | sort -C -V && std=20 probe=$CXX20_PROBE
+  [ "$MODE" = gpu-tf ] || ! printf '%s\n' 2.14 "$TORCH_VERSION" | sort -C -V || std=20 probe=$CXX20_PROBE
   tmp=$(mktemp -d); printf "$probe" > "$tmp/t.cc"
   "$CXX_BIN" -std=c++"$std" "$tmp/t.cc" -o "$tmp/t" >/dev/null 2>&1 && { rm -rf "$tmp"; return 0; }
   rm -rf "$tmp"; have=$("$CXX_BIN" --version 2>/dev/null | head -n 1)
-  [ "$std" = 17 ] && die "torch $TORCH_VERSION headers need C++17 and '$CXX_BIN' ($have) cannot compile it: install g++ >= 9 (apt-get install g++) or set CXX"
+  [ "$std" = 17 ] && die "$([ "$MODE" = gpu-tf ] && echo "tensorflow $TENSORFLOW_VERSION" || echo "torch $TORCH_VERSION") headers need C++17 and '$CXX_BIN' ($have) cannot compile it: install g++ >= 9 (apt-get install g++) or set CXX"
   die "torch $TORCH_VERSION headers need C++20 and '$CXX_BIN' ($have) cannot compile it: install g++ >= 10 (apt-get install g++-12) and rerun with CXX=g++-12, or build against torch 2.13 with HVDKIT_TORCH_VERSION=2.13.0"
 }
 
@@ -125,23 +130,13 @@ need_debian() {
   else die "$what not found (no $* on PATH): apt-get install $packages (as root), then rerun"; fi
 }
 
-# nvcc's CUDA major must be torch's: one process loads one CUDA. CUDA_HOME is checked before anything is made
-# (against the pin; another torch's major is known only once it is installed), then against torch's own.
-check_nvcc() {  # check_nvcc DIR MAJOR(empty: any) HOW-TO-FIX
-  [ -x "$1/bin/nvcc" ] || die "$1 has no bin/nvcc: $3"
-  local release; release=$("$1/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
-  [ -z "$2" ] || [ "${release%%.*}" = "$2" ] || die "nvcc in $1 is CUDA ${release:-unknown} but $4 is built for CUDA $2: $3"
-}
-CUDA_FIX="point CUDA_HOME at a CUDA $TORCH_CUDA_MAJOR toolkit, or unset it to use NVIDIA's cuda-toolkit wheels"
-# TensorFlow's GPU wheels are CUDA 12, and PyPI's nvidia-cuda-nvcc-cu12 carries ptxas but no nvcc: the build
-# needs a CUDA 12 toolkit on the machine (NVIDIA's devel images have one at /usr/local/cuda).
-TF_CUDA_FIX="install a CUDA $TF_CUDA_MAJOR toolkit (NVIDIA's, or Debian's nvidia-cuda-toolkit) and set CUDA_HOME to it (PyPI has no CUDA $TF_CUDA_MAJOR nvcc), or build the image: docker build -f Dockerfile.gpu --build-arg FLAVOUR=tensorflow ."
-
 step "checking prerequisites ($MODE mode)" && check_python && check_compiler
 need_debian OpenMPI "openmpi-bin libopenmpi-dev" mpicxx mpirun
 need_debian patch patch patch
-[ "$MODE" != gpu ] || [ -z "${CUDA_HOME:-}" ] || check_nvcc "$CUDA_HOME" "$([ -n "${HVDKIT_TORCH_VERSION:-}" ] || echo "$TORCH_CUDA_MAJOR")" "$CUDA_FIX" "torch $TORCH_VERSION"
-[ "$MODE" != gpu-tf ] || check_nvcc "${CUDA_HOME:-/usr/local/cuda}" "$TF_CUDA_MAJOR" "$TF_CUDA_FIX" "tensorflow $TENSORFLOW_VERSION"
+# nvcc (CUDA_HOME; the TensorFlow flavour's default /usr/local/cuda) before anything is made: the framework's CUDA
+# major (another torch's is known only once it is installed) and every GPU generation of the list.
+[ "$MODE" != gpu ] || [ -z "${CUDA_HOME:-}" ] || "$PYTHON" "$ROOT/scripts/installer.py" nvcc-check "$CUDA_HOME" gpu || exit 1
+[ "$MODE" != gpu-tf ] || "$PYTHON" "$ROOT/scripts/installer.py" nvcc-check "${CUDA_HOME:-/usr/local/cuda}" gpu-tf || exit 1
 [ -f "$PATCH_FILE" ] || die "patch $PATCH_FILE is missing: restore it from git (git checkout -- scripts/patches)"
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK ($MODE flavour, virtualenv $VENV)"; exit 0; fi
 
@@ -167,37 +162,10 @@ step "installing $FRAMEWORKS, keras $KERAS_VERSION and the rest of .[$(IFS=,; ec
 "${UV[@]}" -r "$ROOT/pyproject.toml" "${EXTRAS[@]/#/--extra=}" \
   || die "uv could not install hvdkit's requirements (its message is above): check that the package index is reachable and rerun"
 
-# GPU: one CUDA and one NCCL, both torch's. NCCL is torch's own nvidia-nccl wheel (the library torch loads);
-# nvcc comes from CUDA_HOME, else from the gpu-build extra's cuda-toolkit wheels.
-if [ "$MODE" = gpu ]; then
-  read -r SITE torch_cuda < <("$VENV/bin/python" -c 'import sysconfig, torch; print(sysconfig.get_paths()["purelib"], torch.version.cuda or "")' 2>/dev/null) || true
-  [ -n "$torch_cuda" ] || die "torch $TORCH_VERSION in $VENV is a CPU build: GPU mode needs PyPI's Linux torch (a CUDA build); remove $VENV and rerun"
-  [ -n "${HVDKIT_TORCH_VERSION:-}" ] || [ "${torch_cuda%%.*}" = "$TORCH_CUDA_MAJOR" ] \
-    || die "torch $TORCH_VERSION is built for CUDA $torch_cuda but pyproject.toml's [tool.hvdkit] says CUDA $TORCH_CUDA_MAJOR: set torch-cuda-major (and Dockerfile.gpu's CUDA_VERSION) to ${torch_cuda%%.*}"
-  TORCH_CUDA_MAJOR=${torch_cuda%%.*}
-  CUDA_ROOT=${CUDA_HOME:-$SITE/nvidia/cu$TORCH_CUDA_MAJOR}
-  check_nvcc "$CUDA_ROOT" "$TORCH_CUDA_MAJOR" "$CUDA_FIX"
-  # The wheels lay out a toolkit in lib/; nvcc links from lib64/ and CMake's FindCUDAToolkit wants libcudart.so.
-  [ -n "${CUDA_HOME:-}" ] || [ -e "$CUDA_ROOT/lib64" ] || ln -s lib "$CUDA_ROOT/lib64"
-  [ -n "${CUDA_HOME:-}" ] || [ -e "$CUDA_ROOT/lib/libcudart.so" ] || ln -s "libcudart.so.$TORCH_CUDA_MAJOR" "$CUDA_ROOT/lib/libcudart.so"
-  NCCL_ROOT="$SITE/nvidia/nccl"
-  [ -f "$NCCL_ROOT/include/nccl.h" ] && [ -f "$NCCL_ROOT/lib/libnccl.so.2" ] \
-    || die "torch's NCCL wheel is missing ($NCCL_ROOT has no include/nccl.h or lib/libnccl.so.2): reinstall torch==$TORCH_VERSION"
-  # Horovod's FindNCCL links -lnccl; point that at torch's libnccl.so.2 (RUNPATH keeps it there at run time).
-  [ -e "$NCCL_ROOT/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so"
-  echo "    CUDA $torch_cuda from $CUDA_ROOT; NCCL from $NCCL_ROOT (torch's wheel)"
-fi
-# GPU, TensorFlow: nvcc from the CUDA 12 toolkit; NCCL and the CUDA runtime are TensorFlow's wheels (the ones
-# it loads), so the process has one of each.
-if [ "$MODE" = gpu-tf ]; then
-  read -r SITE tf_cuda < <("$VENV/bin/python" -c 'import sysconfig, importlib.metadata as m; print(sysconfig.get_paths()["purelib"], m.version("nvidia-cuda-runtime-cu12"))' 2>/dev/null) || true
-  [ -n "${tf_cuda:-}" ] || die "tensorflow $TENSORFLOW_VERSION in $VENV came without its CUDA wheels (tensorflow[and-cuda]): remove $VENV and rerun"
-  CUDA_ROOT=${CUDA_HOME:-/usr/local/cuda}
-  NCCL_ROOT="$SITE/nvidia/nccl"
-  [ -f "$NCCL_ROOT/include/nccl.h" ] && [ -f "$NCCL_ROOT/lib/libnccl.so.2" ] \
-    || die "TensorFlow's NCCL wheel is missing ($NCCL_ROOT has no include/nccl.h or lib/libnccl.so.2): reinstall with scripts/install.sh --gpu-tf"
-  [ -e "$NCCL_ROOT/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so"
-  echo "    nvcc from $CUDA_ROOT; CUDA runtime $tf_cuda and NCCL from TensorFlow's wheels ($SITE/nvidia)"
+# GPU: nvcc, and NCCL from the framework's own wheel (scripts/installer.py gpu-toolchain says where and why).
+if [ "$MODE" != cpu ]; then
+  TOOLCHAIN=$("$VENV/bin/python" "$ROOT/scripts/installer.py" gpu-toolchain "$MODE") || exit 1
+  eval "$TOOLCHAIN"; echo "    $TOOLCHAIN_NOTE"
 fi
 
 # ---- 3. Horovod: cached wheel, or patched source build ----

@@ -3,6 +3,8 @@
     python3 scripts/installer.py pins                 # every pin, e.g. TORCH_VERSION=2.14.1, TORCH_CUDA_MAJOR=13
     python3 scripts/installer.py pins TORCH_VERSION   # one value
     python3 scripts/installer.py uv-env               # `export UV_...=` lines from `pip config list`
+    python3 scripts/installer.py nvcc-check DIR MAJOR FRAMEWORK   # can DIR/bin/nvcc build this flavour?
+    VENV/bin/python scripts/installer.py gpu-toolchain gpu|gpu-tf  # CUDA_ROOT=, NCCL_ROOT= for the build
 
 The pins are in two files, and this is their one reader (the shell scripts and the tests ask it):
 
@@ -22,6 +24,7 @@ Standard library only: install.sh runs this with the interpreter it is about to 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import subprocess
@@ -112,14 +115,131 @@ def uv_env(pip_config_list: str) -> list[str]:
     return out
 
 
+class ToolchainError(Exception):
+    pass
+
+
+def cuda_fix(mode: str, found: dict[str, str]) -> str:
+    """How to get an nvcc the flavour can use."""
+    if mode == "gpu":
+        return (f"point CUDA_HOME at a CUDA {found['TORCH_CUDA_MAJOR']} toolkit, or unset it to use NVIDIA's "
+                "cuda-toolkit wheels")
+    # TensorFlow's GPU wheels are CUDA 12, and PyPI's nvidia-cuda-nvcc-cu12 carries ptxas but no nvcc.
+    major = found["TF_CUDA_MAJOR"]
+    return (f"install a CUDA {major} toolkit (NVIDIA's; 12.8 or newer builds every GPU generation of the list) and "
+            f"set CUDA_HOME to it (PyPI has no CUDA {major} nvcc), or build the image: docker build -f "
+            "Dockerfile.gpu --build-arg FLAVOUR=tensorflow .")
+
+
+def check_nvcc(cuda: Path, major: str, framework: str, fix: str, cc_list: str) -> str:
+    """nvcc's release, when ``cuda``/bin/nvcc can build the flavour's kernels; else :class:`ToolchainError`.
+
+    Its CUDA major must be the framework's (one process loads one CUDA; ``major`` empty: any), and it must
+    know every GPU generation of ``cc_list`` (sm_100 and sm_120 need CUDA >= 12.8), or the build would stop
+    minutes in. An nvcc without --list-gpu-arch (before CUDA 11.6) is not asked.
+    """
+    nvcc = cuda / "bin" / "nvcc"
+    if not os.access(nvcc, os.X_OK):
+        raise ToolchainError(f"{cuda} has no bin/nvcc: {fix}")
+    shown = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d[\d.]*)", shown)
+    release = m.group(1) if m else "unknown"
+    if major and release.split(".")[0] != major:
+        raise ToolchainError(f"nvcc in {cuda} is CUDA {release} but {framework} is built for CUDA {major}: {fix}")
+    known = set(re.findall(r"^compute_(\d+)$", subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True,
+                                                               text=True).stdout, re.M))
+    missing = [f"sm_{cc}" for cc in cc_list.split(",") if cc.strip() and cc.strip() not in known]
+    if known and missing:
+        raise ToolchainError(f"nvcc in {cuda} (CUDA {release}) cannot build for {' '.join(missing)}: set "
+                             "HOROVOD_BUILD_CUDA_CC_LIST to the generations you need that it knows (e.g. "
+                             "HOROVOD_BUILD_CUDA_CC_LIST=75,80,90), or use a newer toolkit of the same CUDA major")
+    return release
+
+
+def gpu_toolchain(mode: str, environ: dict[str, str]) -> dict[str, str]:
+    """Where the GPU flavour's Horovod build finds nvcc and NCCL, run by the venv's own Python.
+
+    One CUDA and one NCCL in the process, the framework's: NCCL is its nvidia-nccl wheel (the library it
+    loads). torch: nvcc from CUDA_HOME, else the gpu-build extra's cuda-toolkit wheels (given the links a
+    toolkit layout has). TensorFlow: nvcc from CUDA_HOME, else /usr/local/cuda (NVIDIA's devel images).
+    """
+    import importlib.metadata
+    import sysconfig
+
+    found = pins()
+    site = Path(sysconfig.get_paths()["purelib"])
+    cc_list = environ.get("HOROVOD_BUILD_CUDA_CC_LIST") or found["GPU_CUDA_CC_LIST"]
+    fix = cuda_fix(mode, found)
+    home = environ.get("CUDA_HOME")
+    if mode == "gpu":
+        version = environ.get("HVDKIT_TORCH_VERSION") or found["TORCH_VERSION"]
+        try:
+            import torch
+        except ImportError as exc:
+            raise ToolchainError(f"torch does not import in {sys.prefix} ({exc}): remove it and rerun") from None
+        cuda = torch.version.cuda or ""
+        if not cuda:
+            raise ToolchainError(f"torch {version} in {sys.prefix} is a CPU build: GPU mode needs PyPI's Linux torch "
+                                 f"(a CUDA build); remove {sys.prefix} and rerun")
+        major = cuda.split(".")[0]
+        if not environ.get("HVDKIT_TORCH_VERSION") and major != found["TORCH_CUDA_MAJOR"]:
+            raise ToolchainError(f"torch {version} is built for CUDA {cuda} but pyproject.toml's [tool.hvdkit] says "
+                                 f"CUDA {found['TORCH_CUDA_MAJOR']}: set torch-cuda-major (and Dockerfile.gpu's "
+                                 f"CUDA_VERSION) to {major}")
+        root = Path(home) if home else site / "nvidia" / f"cu{major}"
+        check_nvcc(root, major, f"torch {version}", fix, cc_list)
+        if not home:     # the wheels lay out a toolkit in lib/; nvcc links from lib64/, FindCUDAToolkit wants .so
+            if not (root / "lib64").exists():
+                (root / "lib64").symlink_to("lib")
+            if not (root / "lib" / "libcudart.so").exists():
+                (root / "lib" / "libcudart.so").symlink_to(f"libcudart.so.{major}")
+        owner, how = "torch's", f"reinstall torch=={version}"
+        note = f"CUDA {cuda} from {root}; NCCL from {site / 'nvidia' / 'nccl'} (torch's wheel)"
+    else:
+        try:
+            cuda = importlib.metadata.version("nvidia-cuda-runtime-cu12")
+        except importlib.metadata.PackageNotFoundError:
+            raise ToolchainError(f"tensorflow {found['TENSORFLOW_VERSION']} in {sys.prefix} came without its CUDA "
+                                 f"wheels (tensorflow[and-cuda]): remove {sys.prefix} and rerun") from None
+        root = Path(home or "/usr/local/cuda")
+        check_nvcc(root, found["TF_CUDA_MAJOR"], f"tensorflow {found['TENSORFLOW_VERSION']}", fix, cc_list)
+        owner, how = "TensorFlow's", "reinstall with scripts/install.sh --gpu-tf"
+        note = f"nvcc from {root}; CUDA runtime {cuda} and NCCL from TensorFlow's wheels ({site / 'nvidia'})"
+    nccl = site / "nvidia" / "nccl"
+    if not ((nccl / "include" / "nccl.h").is_file() and (nccl / "lib" / "libnccl.so.2").is_file()):
+        raise ToolchainError(f"{owner} NCCL wheel is missing ({nccl} has no include/nccl.h or lib/libnccl.so.2): "
+                             f"{how}")
+    # Horovod's FindNCCL links -lnccl: point that at the wheel's libnccl.so.2 (RUNPATH keeps it at run time).
+    if not (nccl / "lib" / "libnccl.so").exists():
+        (nccl / "lib" / "libnccl.so").symlink_to("libnccl.so.2")
+    return {"CUDA_ROOT": str(root), "NCCL_ROOT": str(nccl), "TOOLCHAIN_NOTE": note}
+
+
 def main(argv: list[str]) -> int:
     command, args = (argv[0], argv[1:]) if argv else ("", [])
     if command == "uv-env":
         listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
         print("\n".join(uv_env(listed.stdout)))
         return 0
+    if command in ("nvcc-check", "gpu-toolchain"):
+        try:
+            if command == "gpu-toolchain":
+                values = gpu_toolchain(args[0], dict(os.environ))
+                print("\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items()))
+            else:
+                found, (directory, mode) = pins(), args
+                major = found["TORCH_CUDA_MAJOR" if mode == "gpu" else "TF_CUDA_MAJOR"]
+                framework = (f"torch {found['TORCH_VERSION']}" if mode == "gpu"
+                             else f"tensorflow {found['TENSORFLOW_VERSION']}")
+                cc_list = os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST") or found["GPU_CUDA_CC_LIST"]
+                check_nvcc(Path(directory), "" if os.environ.get("HVDKIT_TORCH_VERSION") else major, framework,
+                           cuda_fix(mode, found), cc_list)
+        except (ToolchainError, PinsError) as exc:
+            print(f"hvdkit install: error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if command != "pins":
-        print("usage: installer.py pins [KEY...] | installer.py uv-env", file=sys.stderr)
+        print("usage: installer.py pins [KEY...] | uv-env | nvcc-check DIR MODE | gpu-toolchain MODE", file=sys.stderr)
         return 2
     try:
         found = pins()

@@ -13,7 +13,7 @@
 # its GPUs (--gloo would start them over ssh, outside it).
 # IFACE=ib0 names the interface between the nodes (--network-interface); unset, Horovod
 # and MPI choose. HVDKIT_VENV (default ~/hvdkit/.venv-gpu in a GPU allocation, else
-# ~/hvdkit/.venv; ~/hvdkit/.venv-gpu-tf for Keras on TensorFlow) and EPOCHS override the defaults below.
+# ~/hvdkit/.venv) and EPOCHS override the defaults below.
 #
 # Tested on a two-node Slurm 22.05 test cluster (tests/multihost/test_slurm.py): this script
 # as it is with 2 stand-in GPUs per node (sbatch -N 2 --ntasks-per-node=2 --gpus-per-node=2),

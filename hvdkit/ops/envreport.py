@@ -74,6 +74,9 @@ class EnvReport:
     horovod_settings: dict[str, str] = field(default_factory=dict)   # every HOROVOD_* set here
     setting_errors: dict[str, str] = field(default_factory=dict)     # those Horovod would misread: name -> why
     tensorflow_cuda: str | None = None     # the CUDA TensorFlow was built with; None: CPU build or no TensorFlow
+    # TensorFlow's CUDA wheels (tensorflow[and-cuda]'s nvidia-cuda-runtime-cu12) installed: PyPI's Linux
+    # `tensorflow` is a CUDA build even where only tensorflow-cpu was asked for (tf-keras pulls it in).
+    tensorflow_cuda_wheels: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -228,6 +231,7 @@ def collect() -> EnvReport:
         horovod_settings=settings,
         setting_errors=setting_errors,
         tensorflow_cuda=tensorflow_cuda_version(),
+        tensorflow_cuda_wheels=package_version(("nvidia-cuda-runtime-cu12",)) is not None,
     )
 
 
@@ -265,7 +269,9 @@ def render_text(report: EnvReport) -> str:
     if report.packages.get("torch"):
         lines.append(f"torch CUDA  {report.torch_cuda or 'none (CPU build)'}")
     if report.packages.get("tensorflow"):
-        lines.append(f"TF CUDA     {report.tensorflow_cuda or 'none (CPU build)'}")
+        wheels = ("" if not report.tensorflow_cuda or report.tensorflow_cuda_wheels else
+                  " build, but no CUDA 12 wheels (tensorflow[and-cuda]): CPU only unless the system has CUDA 12")
+        lines.append(f"TF CUDA     {report.tensorflow_cuda or 'none (CPU build)'}{wheels}")
     lines.append(f"MPI         {report.mpi or 'not found'}")
     lines.append(f"GPUs        {', '.join(report.gpus) if report.gpus else 'none visible'}")
     lines.append(f"host        {report.hostname}, {report.cpu_count} CPU cores, interfaces "

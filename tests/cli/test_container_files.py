@@ -115,7 +115,9 @@ def test_one_cuda_and_one_nccl_the_frameworks():
     assert not re.search(r"libnccl|cuda-toolkit|nvidia-cuda", apt), "a second NCCL/CUDA from apt"
     assert "NCCL_HOME" not in text and "CUDA_HOME" not in text, "the build must use torch's NCCL and CUDA wheels"
     script = (ROOT / "scripts" / "install.sh").read_text()
-    assert 'NCCL_ROOT="$SITE/nvidia/nccl"' in script and "HOROVOD_NCCL_HOME=$NCCL_ROOT" in script
+    assert "HOROVOD_NCCL_HOME=$NCCL_ROOT" in script and "installer.py\" gpu-toolchain" in script
+    installer = (ROOT / "scripts" / "installer.py").read_text()
+    assert 'nccl = site / "nvidia" / "nccl"' in installer, "NCCL is the framework's wheel, in the venv"
 
 
 def test_no_secret_or_private_key_in_the_image():

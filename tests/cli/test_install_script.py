@@ -219,6 +219,22 @@ def test_tf_gpu_mode_refuses_torchs_cuda_13(tmp_path):
     wrapper_compiler(fake12 / "bin" / "nvcc", "echo 'Cuda compilation tools, release 12.9, V12.9.86'\n")
     proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake12), "HVDKIT_VENV": ""})
     assert proc.returncode == 0 and f"virtualenv {ROOT}/.venv-gpu-tf)" in proc.stdout, proc.stdout + proc.stderr
+    assert_one_line_error(run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake12),
+                                                                        "HVDKIT_TORCH_VERSION": "2.13.0"}),
+                          "--gpu-tf has no torch: unset it")
+
+
+def test_an_nvcc_that_predates_a_gpu_generation_of_the_list_is_one_line_before_the_build(tmp_path):
+    """Debian's nvcc 12.4 knows compute_50..90; the default list has sm_100 and sm_120 (CUDA >= 12.8)."""
+    fake = tmp_path / "cuda-12.4"
+    (fake / "bin").mkdir(parents=True)
+    archs = "\\n".join(f"compute_{cc}" for cc in (50, 60, 70, 75, 80, 86, 89, 90))
+    wrapper_compiler(fake / "bin" / "nvcc", 'case "$1" in --list-gpu-arch) printf "' + archs + '\\n" ;; '
+                     "*) echo 'Cuda compilation tools, release 12.4, V12.4.131' ;; esac\n")
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake), "HOROVOD_BUILD_CUDA_CC_LIST": ""})
+    assert_one_line_error(proc, "(CUDA 12.4) cannot build for sm_100 sm_120", "HOROVOD_BUILD_CUDA_CC_LIST=75,80,90")
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake), "HOROVOD_BUILD_CUDA_CC_LIST": "75,90"})
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_unknown_option():

@@ -18,7 +18,7 @@ classic builder (DOCKER_BUILDKIT=0) builds the unmodified Dockerfile. Where the 
 (/opt/pypi*), a loopback HTTP server hands it to pip inside the build.
 
     with Engine(data_root) as engine:
-        engine.stand_in_base(["nvidia/cuda:13.0.2-base-ubuntu24.04"])
+        engine.stand_in_bases(base_images(Path("Dockerfile.gpu")), work)
         engine.docker("build", "--network", "host", "-f", "Dockerfile.gpu", "-t", "hvdkit:gpu", ".")
 """
 

@@ -93,12 +93,15 @@ def test_tensorflows_cuda_is_read_from_its_build_info_without_importing_it(tmp_p
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
     assert envreport.tensorflow_cuda_version() == "12.5.1"
-    info.write_text("build_info = {'is_cuda_build': False, 'is_rocm_build': False}\n")
+    info.write_text(info.read_text().replace("('is_cuda_build', True)", "('is_cuda_build', False)"))
     assert envreport.tensorflow_cuda_version() is None
     report = envreport.EnvReport(
         hvdkit="0.1.0", python="3.13.5", python_executable="/x/python", platform="Linux",
         packages={"torch": None, "tensorflow": "2.21.0"}, torch_cuda=None, horovod=None,
-        horovod_error="x", mpi=None, gpus=[], tensorflow_cuda="12.5.1")
+        horovod_error="x", mpi=None, gpus=[], tensorflow_cuda="12.5.1", tensorflow_cuda_wheels=True)
     text = envreport.render_text(report)
-    assert "TF CUDA     12.5.1" in text and "torch CUDA" not in text
+    assert "TF CUDA     12.5.1\n" in text and "torch CUDA" not in text
     assert envreport.EnvReport.from_dict(report.to_dict()).tensorflow_cuda == "12.5.1"
+    # The CPU flavour: tf-keras brings PyPI's (CUDA-built) tensorflow, without the CUDA wheels.
+    report.tensorflow_cuda_wheels = False
+    assert "TF CUDA     12.5.1 build, but no CUDA 12 wheels (tensorflow[and-cuda])" in envreport.render_text(report)
