@@ -190,11 +190,19 @@ def test_gpu_mode_without_cuda_is_one_line(tmp_path):
     assert_one_line_error(proc, "has no bin/nvcc", "CUDA_HOME")
 
 
+def fake_nvcc(tmp_path, release: str, archs: tuple[int, ...] = ()) -> Path:
+    """A CUDA_HOME whose bin/nvcc prints ``release`` and, when given, ``archs`` for --list-gpu-arch."""
+    home = tmp_path / f"cuda-{release}"
+    (home / "bin").mkdir(parents=True)
+    listing = "\\n".join(f"compute_{cc}" for cc in archs)
+    wrapper_compiler(home / "bin" / "nvcc", f'case "$1" in --list-gpu-arch) printf "{listing}\\n" ;; '
+                     f"*) echo 'Cuda compilation tools, release {release}, V{release}.0' ;; esac\n")
+    return home
+
+
 def test_gpu_mode_refuses_a_cuda_toolkit_of_another_major(tmp_path):
     """CUDA_HOME with a CUDA 12 nvcc against torch's CUDA 13: one line naming both, before anything is made."""
-    fake = tmp_path / "cuda-12.8"
-    (fake / "bin").mkdir(parents=True)
-    wrapper_compiler(fake / "bin" / "nvcc", "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    fake = fake_nvcc(tmp_path, "12.8")
     proc = run_script("--check-only", "--gpu", env={"CUDA_HOME": str(fake)})
     assert_one_line_error(proc, "is CUDA 12.8 but torch", f"built for CUDA {pins()['TORCH_CUDA_MAJOR']}")
 
@@ -209,14 +217,9 @@ def test_tf_gpu_mode_without_a_cuda_12_toolkit_says_pypi_has_no_nvcc(tmp_path):
 
 
 def test_tf_gpu_mode_refuses_torchs_cuda_13(tmp_path):
-    fake = tmp_path / "cuda-13.0"
-    (fake / "bin").mkdir(parents=True)
-    wrapper_compiler(fake / "bin" / "nvcc", "echo 'Cuda compilation tools, release 13.0, V13.0.88'\n")
-    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake)})
+    proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake_nvcc(tmp_path, "13.0"))})
     assert_one_line_error(proc, "is CUDA 13.0 but tensorflow", f"built for CUDA {pins()['TF_CUDA_MAJOR']}")
-    fake12 = tmp_path / "cuda-12.9"
-    (fake12 / "bin").mkdir(parents=True)
-    wrapper_compiler(fake12 / "bin" / "nvcc", "echo 'Cuda compilation tools, release 12.9, V12.9.86'\n")
+    fake12 = fake_nvcc(tmp_path, "12.9")
     proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake12), "HVDKIT_VENV": ""})
     assert proc.returncode == 0 and f"virtualenv {ROOT}/.venv-gpu-tf)" in proc.stdout, proc.stdout + proc.stderr
     assert_one_line_error(run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake12),
@@ -226,11 +229,7 @@ def test_tf_gpu_mode_refuses_torchs_cuda_13(tmp_path):
 
 def test_an_nvcc_that_predates_a_gpu_generation_of_the_list_is_one_line_before_the_build(tmp_path):
     """Debian's nvcc 12.4 knows compute_50..90; the default list has sm_100 and sm_120 (CUDA >= 12.8)."""
-    fake = tmp_path / "cuda-12.4"
-    (fake / "bin").mkdir(parents=True)
-    archs = "\\n".join(f"compute_{cc}" for cc in (50, 60, 70, 75, 80, 86, 89, 90))
-    wrapper_compiler(fake / "bin" / "nvcc", 'case "$1" in --list-gpu-arch) printf "' + archs + '\\n" ;; '
-                     "*) echo 'Cuda compilation tools, release 12.4, V12.4.131' ;; esac\n")
+    fake = fake_nvcc(tmp_path, "12.4", (50, 60, 70, 75, 80, 86, 89, 90))
     proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake), "HOROVOD_BUILD_CUDA_CC_LIST": ""})
     assert_one_line_error(proc, "(CUDA 12.4) cannot build for sm_100 sm_120", "HOROVOD_BUILD_CUDA_CC_LIST=75,80,90")
     proc = run_script("--check-only", "--gpu-tf", env={"CUDA_HOME": str(fake), "HOROVOD_BUILD_CUDA_CC_LIST": "75,90"})

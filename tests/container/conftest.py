@@ -86,3 +86,22 @@ def in_image(engine, image: str, *argv: str, timeout: float = 300, check: bool =
     """Run a command in a throwaway container of the image (no GPU flags: this machine has none)."""
     return engine.docker("run", "--rm", "--network", "none", "--entrypoint", "", image, *argv,
                          timeout=timeout, check=check)
+
+
+def build_tools_left(engine, image: str, keep: str) -> list[str]:
+    """Compilers and CUDA build tools in the image, less the run-time ptxas under ``keep`` (a find -path)."""
+    return in_image(engine, image, "sh", "-c",
+                    "for t in gcc g++ cc c++ nvcc ptxas cmake make; do command -v $t; done; "
+                    "find / -xdev \\( -name nvcc -o -name ptxas -o -name cicc -o -name cmake \\) "
+                    f"-type f -not -path '{keep}' -print 2>/dev/null; true").stdout.split()
+
+
+def static_archives(engine, image: str) -> int:
+    return int(in_image(engine, image, "sh", "-c", "find / -xdev -name '*_static.a' | wc -l").stdout.strip())
+
+
+def image_bytes(engine, image: str, key: str, base: str) -> int:
+    size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", image).stdout)
+    engine.timings[key] = size
+    print(f"image {image}: {size / 1e9:.2f} GB on the {base} stand-in base")
+    return size

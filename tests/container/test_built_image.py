@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tests.cli.test_install_script import pins
-from tests.container.conftest import in_image
+from tests.container.conftest import build_tools_left, image_bytes, in_image, static_archives
 
 # Whichever test runs first builds the image in its setup (about 25 min), so every test gets the build's limit.
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3300)]
@@ -77,19 +77,13 @@ def test_kernels_are_built_for_every_supported_gpu_generation(engine, image):
 
 def test_the_runtime_image_has_no_compilers_or_build_tools(engine, image):
     # triton's own ptxas stays: it is how torch.compile's kernels are assembled at run time, not a build tool.
-    found = in_image(engine, image, "sh", "-c",
-                     "for t in gcc g++ cc c++ nvcc ptxas cmake make; do command -v $t; done; "
-                     "find / -xdev \\( -name nvcc -o -name ptxas -o -name 'cicc' -o -name cmake \\) "
-                     "-type f -not -path '*/site-packages/triton/backends/nvidia/bin/*' -print 2>/dev/null; "
-                     "true").stdout.split()
+    found = build_tools_left(engine, image, keep="*/site-packages/triton/backends/nvidia/bin/*")
     assert found == [], f"build tools left in the runtime image: {found}"
-    assert in_image(engine, image, "sh", "-c", "find / -xdev -name '*_static.a' | wc -l").stdout.strip() == "0"
+    assert static_archives(engine, image) == 0
 
 
 def test_the_image_size_stays_under_6_5_gb(engine, image):
-    size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", image).stdout)
-    engine.timings["image_bytes"] = size
-    print(f"image {image}: {size / 1e9:.2f} GB on the Debian 12 stand-in base")
+    size = image_bytes(engine, image, "image_bytes", "Debian 12")
     assert size <= MAX_IMAGE_BYTES, f"{size / 1e9:.2f} GB > {MAX_IMAGE_BYTES / 1e9} GB"
 
 

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tests.cli.test_install_script import pins
-from tests.container.conftest import TF_CI_CC, in_image
+from tests.container.conftest import TF_CI_CC, build_tools_left, image_bytes, in_image, static_archives
 from tests.multiproc.test_examples_quiet import WARNING
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(3300)]
@@ -76,19 +76,13 @@ def test_one_nccl_and_one_cuda_runtime_both_tensorflows(engine, tf_image):
 
 def test_the_tf_runtime_image_has_no_compilers_or_cuda_toolkit(engine, tf_image):
     # TensorFlow's own ptxas (nvidia-cuda-nvcc-cu12) stays: XLA assembles its kernels with it at run time.
-    found = in_image(engine, tf_image, "sh", "-c",
-                     "for t in gcc g++ cc c++ nvcc ptxas cmake make; do command -v $t; done; "
-                     "find / -xdev \\( -name nvcc -o -name ptxas -o -name cicc -o -name cmake \\) "
-                     "-not -path '*/site-packages/nvidia/cuda_nvcc/bin/ptxas' -print 2>/dev/null; "
-                     "true").stdout.split()
+    found = build_tools_left(engine, tf_image, keep="*/site-packages/nvidia/cuda_nvcc/bin/ptxas")
     assert found == [], f"build tools left in the runtime image: {found}"
-    assert in_image(engine, tf_image, "sh", "-c", "find / -xdev -name '*_static.a' | wc -l").stdout.strip() == "0"
+    assert static_archives(engine, tf_image) == 0
 
 
 def test_the_tf_image_size_stays_under_7_5_gb(engine, tf_image):
-    size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", tf_image).stdout)
-    engine.timings["tf_image_bytes"] = size
-    print(f"image {tf_image}: {size / 1e9:.2f} GB on the Debian 13 stand-in base")
+    size = image_bytes(engine, tf_image, "tf_image_bytes", "Debian 13")
     assert size <= MAX_IMAGE_BYTES, f"{size / 1e9:.2f} GB > {MAX_IMAGE_BYTES / 1e9} GB"
 
 
