@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -192,8 +193,22 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
+def require_torch() -> None:
+    """Every implementation's worker moves torch tensors (mpi4py's too): without torch, one line, not N tracebacks."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ValueError, ImportError):     # in sys.modules as None, or a finder that refuses it
+        found = False
+    if not found:
+        raise UserError("hvdkit bench needs PyTorch (its workers time torch tensors and models), which this "
+                        "environment lacks (the TensorFlow GPU flavour has none): run it in the torch flavour "
+                        "(.venv-gpu, the default image) or the CPU venv (.venv)")
+
+
 def run(config: AllreduceConfig | TrainConfig) -> int:
     """Plan every launch; print them (--dry-run), or run them in rounds and report."""
+    if not config.output.dry_run:
+        require_torch()
     if isinstance(config, AllreduceConfig):
         return _run_allreduce(config)
     return _run_train(config)

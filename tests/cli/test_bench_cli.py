@@ -81,6 +81,35 @@ def test_bad_bench_and_plan_input_is_one_line(args, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+NO_TORCH = """import sys
+
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+@pytest.mark.parametrize("bench", ["allreduce", "train"])
+def test_bench_without_torch_is_one_line_not_a_traceback_per_implementation(tmp_path, bench):
+    """The TensorFlow GPU flavour has no torch: every implementation's workers failed with a traceback each,
+    then the bench wrote empty results and exited 0."""
+    from tests.conftest import job_env
+
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    env = job_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
+    proc = run_hvdkit("bench", bench, "-np", "2", "--out", str(tmp_path / "out"), timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "needs PyTorch" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 PS_CHECK = """
 import torch
 from hvdkit.bench.ps import ParameterServer
