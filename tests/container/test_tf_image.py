@@ -90,10 +90,15 @@ def test_the_keras_example_runs_unmodified_on_two_ranks_in_each_image(engine, im
     """examples/keras_mnist.py as shipped (its backend: the image's KERAS_BACKEND), hvdkit launch's default
     controller, 2 ranks on the CPU."""
     for tag, backend in ((tf_image, "tensorflow"), (image, "torch")):
-        out = engine.docker("run", "--rm", "--network", "host", "--entrypoint", "", tag, "sh", "-c",
+        run = engine.docker("run", "--rm", "--network", "host", "--entrypoint", "", tag, "sh", "-c",
                             "hvdkit launch -np 2 python examples/keras_mnist.py --epochs 3 --json 2>&1",
-                            timeout=900).stdout
+                            timeout=900, check=False)
+        out = run.stdout or ""
+        assert run.returncode == 0, (tag, out[-4000:])
         assert not WARNING.findall(out), (tag, WARNING.findall(out))
-        final = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        # Under MPI each line carries the rank's tag ("[1,0]<stdout>:"): the JSON is the line's tail.
+        match = re.search(r'(\{"dataset".*\})', out)
+        assert match, (tag, out[-4000:])
+        final = json.loads(match.group(1))
         assert final["backend"] == backend and final["size"] == 2, final
         assert final["test_accuracy"] >= 0.85, final
