@@ -66,7 +66,7 @@ def build(engine, tag: str, *build_args: str, name: str) -> str:
                   output=log, timeout=3000)
     engine.timings[f"{name}_build_s"] = round(time.monotonic() - start)
     if os.environ.get("HVDKIT_IMAGE_TIER_PRUNE") == "1":
-        # CI (an empty cache every run): the builder stage's layers (about 8 GB per flavour) are only a cache
+        # CI (an empty cache every run): the builder stage's layers (8.6 GB for TensorFlow's) are only a cache
         # for the next build; dropping them keeps the two flavours' builds within a CI machine's disk.
         engine.docker("image", "prune", "-f", timeout=600)
     return tag
