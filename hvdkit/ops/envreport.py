@@ -101,35 +101,29 @@ def package_version(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def torch_cuda_version() -> str | None:
-    """CUDA version torch was built with, read from torch/version.py without importing torch."""
-    spec = importlib.util.find_spec("torch")
+def package_file(package: str, *parts: str) -> str | None:
+    """The text of a file inside an installed package, found without importing the package (seconds for TF)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
     try:
-        with open(path, encoding="utf-8") as f:
-            match = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*'([^']+)'", f.read(), re.M)
+        with open(os.path.join(list(spec.submodule_search_locations)[0], *parts), encoding="utf-8") as f:
+            return f.read()
     except OSError:
         return None
+
+
+def torch_cuda_version() -> str | None:
+    """CUDA version torch was built with, read from torch/version.py."""
+    match = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*'([^']+)'", package_file("torch", "version.py") or "", re.M)
     return match.group(1) if match else None
 
 
 def tensorflow_cuda_version() -> str | None:
-    """CUDA version TensorFlow was built with, read from its build_info.py without importing it (seconds)."""
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "python", "platform", "build_info.py")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return None
-    if not re.search(r"'is_cuda_build',\s*True", text):
-        return None
+    """CUDA version TensorFlow was built with (None: a CPU build), read from its build_info.py."""
+    text = package_file("tensorflow", "python", "platform", "build_info.py") or ""
     match = re.search(r"'cuda_version',\s*'([^']+)'", text)
-    return match.group(1) if match else None
+    return match.group(1) if match and re.search(r"'is_cuda_build',\s*True", text) else None
 
 
 def mpi_version() -> str | None:

@@ -86,15 +86,16 @@ def test_the_tf_image_size_stays_under_7_5_gb(engine, tf_image):
     assert size <= MAX_IMAGE_BYTES, f"{size / 1e9:.2f} GB > {MAX_IMAGE_BYTES / 1e9} GB"
 
 
-def test_the_keras_example_runs_unmodified_on_two_ranks_in_each_image(engine, image, tf_image):
-    """examples/keras_mnist.py as shipped (its backend: the image's KERAS_BACKEND), hvdkit launch's default
-    controller, 2 ranks on the CPU."""
+@pytest.mark.parametrize("controller", ["", "--gloo"], ids=["launch-default", "gloo"])
+def test_the_keras_example_runs_unmodified_on_two_ranks_in_each_image(engine, image, tf_image, controller):
+    """examples/keras_mnist.py as shipped (its backend: the image's KERAS_BACKEND), 2 ranks on the CPU, under
+    hvdkit launch's default controller (MPI on one host) and under --gloo."""
     for tag, backend in ((tf_image, "tensorflow"), (image, "torch")):
         run = engine.docker("run", "--rm", "--network", "host", "--entrypoint", "", tag, "sh", "-c",
-                            "hvdkit launch -np 2 python examples/keras_mnist.py --epochs 3 --json 2>&1",
+                            f"hvdkit launch -np 2 {controller} python examples/keras_mnist.py --epochs 3 --json 2>&1",
                             timeout=900, check=False)
         out = run.stdout or ""
-        assert run.returncode == 0, (tag, out[-4000:])
+        assert run.returncode == 0, (tag, controller, out[-4000:])
         assert not WARNING.findall(out), (tag, WARNING.findall(out))
         # Under MPI each line carries the rank's tag ("[1,0]<stdout>:"): the JSON is the line's tail.
         match = re.search(r'(\{"dataset".*\})', out)
