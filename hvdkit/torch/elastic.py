@@ -28,14 +28,16 @@ and the rescaling are the core's (:mod:`hvdkit.runtime.elastic`), as in Keras.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
+from hvdkit.torch import sharded
 from hvdkit.torch.context import current
-from hvdkit.torch.sharded import is_sharded
 
 
 def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -69,9 +71,6 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
             raise UserError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
-        if is_sharded(optimizer):
-            raise UserError("an elastic job cannot use shard_optimizer_state yet (the slices would have to be "
-                            "re-cut when the world size changes): leave it off in elastic jobs")
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):
             base_lr = [base_lr] * groups
@@ -80,6 +79,12 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
+
+    def _after_reset(self) -> None:
+        handler = self._handlers.get("optimizer")
+        if isinstance(handler, ShardedOptimizerHandler):
+            handler.recut()         # first: loading the committed state also loads its (old) rates
+        super()._after_reset()
 
     def _set_learning_rates(self, rates: list[float]) -> None:
         for group, rate in zip(self.optimizer.param_groups, rates):
@@ -93,5 +98,78 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         if getattr(self, "train_sampler", None) is not None:
             self.train_sampler.set_epoch(self.epoch)
 
+
+class ShardedOptimizerHandler(hvd.elastic.state.OptimizerStateHandler):
+    """Horovod's optimizer handler for ``shard_optimizer_state=True``: commits hold the consolidated state.
+
+    A commit gathers every rank's slices (``state_dict()``, collective: every
+    rank commits at the same step) into host memory, so that the survivors of
+    a lost rank still hold all of the state. After a reset the slices are cut
+    again for the new rank and size from that copy (:meth:`recut`, local), and
+    ``sync`` sends it from a rank that has one to the others: new workers and,
+    after a failure, everyone. Nothing here is collective outside ``save`` and
+    ``sync``: a worker that joins builds this handler while the others are
+    already in ``sync``.
+    """
+
+    def __init__(self, optimizer):
+        self.value = optimizer
+        self._saved_optimizer_state = None        # nothing committed yet (and nothing gathered: see above)
+        self._restore = False
+
+    def save(self):
+        self._saved_optimizer_state = _copy(self.value.state_dict())
+
+    def restore(self):
+        # The rank and size change in the reset that follows: the slices are cut then, in recut().
+        self._restore = True
+
+    def recut(self):
+        """After a reset: cut the slices for this rank and size from the last commit, if the layout changed."""
+        now = (hvd.rank(), hvd.size())
+        if self._saved_optimizer_state is not None and (self._restore or sharded.layout(self.value) != now):
+            sharded.reshard(self.value, *now, self._saved_optimizer_state)
+        self._restore = False
+
+    def sync(self):
+        rank = hvd.rank()
+        holders = [r for r, has in enumerate(hvd.allgather_object(self._saved_optimizer_state is not None,
+                                                                  name="hvdkit.elastic.shards")) if has]
+        if not holders:                 # the job's first sync: the state as it stands (loaded or empty), gathered
+            self.save()
+            holders = [0]
+        root = holders[0]
+        state = None
+        if rank == root:                # the committed state, with the rates as they are now (rescaled for size)
+            state = {**self._saved_optimizer_state,
+                     "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]}
+        state = hvd.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
+        if rank != root:
+            self.value.load_state_dict(state)
+        self._saved_optimizer_state = state
+
+
+def _copy(state_dict: dict) -> dict:
+    """A consolidated state_dict detached from the live optimizer (its step counts are the inner optimizer's own)."""
+    return {"param_groups": copy.deepcopy(state_dict["param_groups"]),
+            "state": {i: {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in entry.items()}
+                      for i, entry in state_dict["state"].items()}}
+
+
+class _ShardedOptimizer(type):
+    """isinstance(x, ShardedOptimizer) is True for an optimizer with shard_optimizer_state (Horovod's handler
+    registry picks a state's handler by isinstance, and its own would gather the slices in every constructor)."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return sharded.is_sharded(obj)
+
+
+class ShardedOptimizer(metaclass=_ShardedOptimizer):
+    pass
+
+
+if not any(handler is ShardedOptimizerHandler for _, handler in hvd.elastic.state.get_handler_registry()):
+    hvd.elastic.state.set_handler_registry([(ShardedOptimizer, ShardedOptimizerHandler),
+                                            *hvd.elastic.state.get_handler_registry()])
 
 __all__ = ["ElasticState", "elastic_loader", "run"]

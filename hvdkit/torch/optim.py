@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -108,7 +109,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         _AverageWhenBackwardReturns(wrapped)
         if check_finite and wrapped._grad_accs:   # none at size 1: nothing to spread
             NonFiniteCheck(wrapped)
-    if shard_optimizer_state and ctx.size > 1:
+    # One process shards nothing, unless it is an elastic job's, which may grow (horovodrun sets HOROVOD_ELASTIC).
+    if shard_optimizer_state and (ctx.size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
         sharded.shard(wrapped, ctx.rank, ctx.size)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped

@@ -62,7 +62,7 @@ class Shards:
 
     def __init__(self, optimizer: torch.optim.Optimizer, original: type, rank: int, size: int):
         check_supported(original)
-        self.optimizer, self.rank, self.size = optimizer, rank, size
+        self.optimizer, self.original, self.rank, self.size = optimizer, original, rank, size
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.ranges, self.views = [], []
         for p in self.params:
@@ -206,3 +206,19 @@ def shard(optimizer: torch.optim.Optimizer, rank: int, size: int) -> torch.optim
 
 def is_sharded(optimizer) -> bool:
     return getattr(optimizer, "_hvdkit_shards", None) is not None
+
+
+def layout(optimizer) -> tuple[int, int]:
+    """(rank, size) the slices of a sharded ``optimizer`` were cut for."""
+    return optimizer._hvdkit_shards.rank, optimizer._hvdkit_shards.size
+
+
+def reshard(optimizer, rank: int, size: int, state_dict: dict) -> None:
+    """Cut the slices for another world (an elastic reset) and keep this rank's part of ``state_dict``.
+
+    ``state_dict`` is a consolidated state (what ``state_dict()`` returned at the last commit): the old
+    slices cannot be gathered any more, since the ranks that held some of them may be gone. Local, no
+    collective."""
+    shards = optimizer._hvdkit_shards
+    optimizer._hvdkit_shards = Shards(optimizer, shards.original, rank, size)
+    optimizer._hvdkit_shards.load_state_dict(state_dict)

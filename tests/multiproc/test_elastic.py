@@ -12,7 +12,7 @@ import sys
 import psutil
 import pytest
 
-from tests.conftest import ROOT, _tool, hvdkit_cmd, job_env
+from tests.conftest import ROOT, WORKERS, _tool, hvdkit_cmd, job_env
 from tests.elastic_job import ElasticJob, check_continuous, size_changes
 
 pytestmark = pytest.mark.multiproc
@@ -127,3 +127,51 @@ def test_a_removed_worker_that_exits_late_does_not_stop_its_successor(tmp_path):
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', out).group(1))
     check_continuous(job.commits, result["steps"])
     assert result["size"] == 2 and result["epochs"] == EPOCHS
+
+
+def test_sharded_optimizer_state_survives_a_shrink_a_join_and_a_killed_worker(tmp_path):
+    """Issue 39: shard_optimizer_state in an elastic job (it was refused). The commits hold the gathered state, and
+    after each reset the slices are cut again for the new rank and size. Three resets in one job: a host removed
+    from the discovery file (Horovod skips the sync), added back (a new worker, which gets the state in the sync)
+    and then killed (every rank restores the last commit). After each, the state gathered from the new slices
+    equals the last commit's exactly, each rank holds 1/size of it, and the rate is scale_lr's for the size."""
+    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    worker = str(WORKERS / "torch_elastic_sharded.py")
+    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, worker, "--stop", str(stop))
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+
+    def steps_at(size: int, n: int):
+        return lambda c: sum(x.size == size for x in c[-n:]) >= n and len(c) >= n
+
+    try:
+        job.wait_for(steps_at(2, 10), 180, "10 steps on 2 processes")
+        hosts.write_text("localhost:1\n")
+        job.wait_for(steps_at(1, 5), 180, "5 steps after the host was removed")
+        hosts.write_text("localhost:1\n127.0.0.1:1\n")
+        job.wait_for(steps_at(2, 5), 180, "5 steps after it joined again")
+        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+                   if _process_info(p)[0][:2] == [sys.executable, worker]]
+        victims = [p for p in workers if _process_info(p)[1].get("HOROVOD_HOSTNAME") == "127.0.0.1"]
+        assert len(workers) == 2 and len(victims) == 1, [_process_info(p) for p in workers]
+        victims[0].kill()
+        job.wait_for(steps_at(1, 5), 180, "5 steps after a worker was killed")
+        stop.write_text("")
+        assert job.finish(timeout=300) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    assert size_changes(job.commits) == [2, 1, 2, 1], size_changes(job.commits)
+    starts = re.findall(r"start size (\d) step (\d+) state_diff (\S+) slice_fraction (\S+) layout_sizes \[(\d)\] "
+                        r"groups_lr \[([^\]]*)\]", job.output)
+    assert [int(s[0]) for s in starts] == [2, 1, 2, 1], job.output[-4000:]
+    for size, step, diff, fraction, layout, rates in starts:
+        size = int(size)
+        assert float(diff) == 0.0, f"the state after a reset to {size} differs from the last commit by {diff}"
+        assert int(layout) == size
+        if int(step):               # Adam has no state before its first step
+            assert abs(float(fraction) - 1 / size) < 0.05, (size, fraction)
+        assert [float(r) for r in rates.split(", ")] == [pytest.approx(0.001 * size)] * size
+    assert int(starts[-1][1]) > int(starts[1][1]) > 0 and "done steps" in job.output
+    assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]

@@ -65,7 +65,6 @@ def test_what_sharding_cannot_do_is_one_user_error_each(tmp_path):
         assert "op='average'" in errors["adasum"]
         assert "without a closure" in errors["closure"]
         assert "every parameter group before wrapping" in errors["add_param_group"]
-        assert "leave it off in elastic jobs" in errors["elastic"]
         assert "needs dense gradients" in errors["sparse"]
         assert "was given new memory after" in errors["replaced"]
         assert "load the state on every rank" in errors["rank0_load"], "a hang before: rank 0 gathered alone"

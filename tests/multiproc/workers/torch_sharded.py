@@ -9,7 +9,7 @@ gradient is the same on 1, 2, 3 or 4 ranks and a checkpoint can be compared acro
 --phase save: 5 steps sharded, save_checkpoint, 5 more; the final parameters.
 --phase resume: load the checkpoint (sharded with --shard), 5 steps; the final parameters.
 --phase refusals: what sharding cannot do, each a UserError: LBFGS, Adasum, step(closure), add_param_group,
-  an elastic state, a sparse gradient, a parameter given new memory after wrapping, and state loaded on rank 0
+  a sparse gradient, a parameter given new memory after wrapping, and state loaded on rank 0
   alone (which used to leave rank 0 alone in the gathering allgather: a hang).
 """
 
@@ -128,7 +128,6 @@ elif args.phase == "refusals":
     opt = make(model, True)
     cases["closure"] = lambda: opt.step(lambda: 0.0)
     cases["add_param_group"] = lambda: opt.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
-    cases["elastic"] = lambda: hk.elastic.ElasticState(model, opt)
 
     def sparse():
         emb = nn.Embedding(20, 4, sparse=True)
