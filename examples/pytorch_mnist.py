@@ -51,6 +51,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
                    help="send gradients as float16 or bfloat16 (half the bytes)")
+    p.add_argument("--shard-optimizer-state", action="store_true",
+                   help="keep 1/N of the optimizer state on each process (ZeRO stage 1)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--checkpoint", metavar="FILE", help="save after every epoch into this one file")
     where.add_argument("--checkpoint-dir", metavar="DIR",
@@ -93,7 +95,8 @@ def main():
 
     model = Net().to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
-    optimizer = hk.DistributedOptimizer(optimizer, model, compression=args.compression)  # hvdkit: average gradients
+    optimizer = hk.DistributedOptimizer(optimizer, model, compression=args.compression,  # hvdkit: average gradients
+                                        shard_optimizer_state=args.shard_optimizer_state)
     # hvdkit: from rate/size up to the scaled rate over the first epochs
     scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
     start_epoch, start_sample, extra = 0, 0, None

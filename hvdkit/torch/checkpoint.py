@@ -38,7 +38,7 @@ from hvdkit.runtime.checkpoint_files import (
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
 from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
-from hvdkit.torch.sharded import is_sharded
+from hvdkit.torch.sharded import gathered_state, is_sharded
 from hvdkit.torch.tensors import plain_module, to_cpu
 
 log = logging.getLogger("hvdkit.torch")
@@ -80,10 +80,11 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     """
     ctx = current()
     # A sharded optimizer's state is gathered from every rank, so each takes part before rank 0 writes.
-    optimizer_state = optimizer.state_dict() if optimizer is not None and is_sharded(optimizer) else None
+    sharded = optimizer is not None and is_sharded(optimizer)
+    optimizer_state = gathered_state(optimizer, 0) if sharded else None
     if not ctx.is_main:
         return False
-    if optimizer is not None and optimizer_state is None:
+    if optimizer is not None and not sharded:
         optimizer_state = optimizer.state_dict()
     state = {
         "format": FORMAT,

@@ -33,10 +33,10 @@ import copy
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
-from hvdkit.torch import sharded
 from hvdkit.torch.context import current
 
 

@@ -264,8 +264,10 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is None:
         return
     rank = current().rank
-    collective = sharded.is_sharded(optimizer)          # every rank gathers the slices
-    opt_state = optimizer.state_dict() if rank == root_rank or collective else None
+    if sharded.is_sharded(optimizer):                   # every rank sends its slices to the root
+        opt_state = sharded.gathered_state(optimizer, root_rank)
+    else:
+        opt_state = optimizer.state_dict() if rank == root_rank else None
     opt_state = backend.broadcast_object(to_cpu(opt_state) if rank == root_rank else None, root_rank,
                                          name="hvdkit.optimizer_state")
     if rank != root_rank:

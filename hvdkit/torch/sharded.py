@@ -57,6 +57,12 @@ def _is_full(key: str, value, param: torch.Tensor) -> bool:
     return torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == param.numel()
 
 
+def slice_range(numel: int, rank: int, size: int) -> tuple[int, int]:
+    """The elements ``[start, end)`` of a flattened parameter of ``numel`` elements that ``rank`` holds."""
+    chunk = math.ceil(numel / size)
+    return min(rank * chunk, numel), min((rank + 1) * chunk, numel)
+
+
 class Shards:
     """This rank's slice of every parameter, as views into the parameters, and the optimizer that steps them."""
 
@@ -69,8 +75,7 @@ class Shards:
             if not p.is_contiguous():
                 raise UserError(f"a parameter of shape {tuple(p.shape)} is not contiguous, which sharding needs: "
                                 "make it contiguous (p.data = p.data.contiguous()) before creating the optimizer")
-            chunk = math.ceil(p.numel() / size)
-            start, end = min(rank * chunk, p.numel()), min((rank + 1) * chunk, p.numel())
+            start, end = slice_range(p.numel(), rank, size)
             self.ranges.append((start, end))
             self.views.append(p.detach().view(-1)[start:end])     # shares the parameter's storage
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -111,8 +116,12 @@ class Shards:
         return sum(v.numel() * v.element_size() for s in self.inner.state.values() for v in s.values()
                    if torch.is_tensor(v))
 
-    def state_dict(self) -> dict:
-        """The unsharded optimizer's state_dict, every rank's slices gathered (collective)."""
+    def state_dict(self, root: int | None = None) -> dict | None:
+        """The unsharded optimizer's state_dict, every rank's slices gathered (collective).
+
+        On every rank (an allgather), or with ``root`` on that rank alone, the others returning None: a
+        checkpoint's save needs it on the rank that writes, and each other rank then holds only its own
+        slices, not one more copy of the whole state (:meth:`_gather_to`)."""
         packed = torch.optim.Optimizer.state_dict(self.optimizer)      # param_groups; its own state is empty
         entries, slices = [], []
         for i, view in enumerate(self.views):
@@ -120,13 +129,18 @@ class Shards:
                 if torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == view.numel():
                     entries.append((i, key))
                     slices.append(value.detach().cpu().contiguous())    # gathered in host memory, not the GPU's
-        # Every rank must hold the same entries, or the allgather below would wait forever.
+        # Every rank must hold the same entries, or the gathering below would wait forever.
         counts = hvd.allgather_object(len(entries), name="hvdkit.shards.count")
         if len(set(counts)) > 1:
             raise UserError(f"the ranks hold optimizer state for different parameters ({counts} entries): with "
                             "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "
                             "hk.broadcast_state do; optimizer.load_state_dict on rank 0 alone does not)")
-        gathered = hvd.grouped_allgather(slices, name="hvdkit.shards.state") if slices else []
+        if root is not None:
+            gathered = self._gather_to(root, entries, slices)
+            if self.rank != root:
+                return None
+        else:
+            gathered = hvd.grouped_allgather(slices, name="hvdkit.shards.state") if slices else []
         state = {}
         for i, view in enumerate(self.views):
             inner = self.inner.state.get(view)
@@ -136,6 +150,20 @@ class Shards:
             state[i][key] = full.view_as(self.params[i])
         packed["state"] = state
         return packed
+
+    def _gather_to(self, root: int, entries: list, slices: list) -> list:
+        """Every rank's ``slices`` whole on ``root`` (each entry's slices in rank order); [] elsewhere.
+
+        Horovod has no gather, so this is its alltoall with every rank sending its slice of an entry to
+        ``root`` and nothing to the others, which receive nothing: one alltoall per entry, all started before
+        the first is waited for, so that what ``root`` receives is the entry whole, with no copy to assemble."""
+        handles = []
+        for n, piece in enumerate(slices):
+            splits = torch.zeros(self.size, dtype=torch.int32)
+            splits[root] = piece.numel()
+            handles.append(hvd.alltoall_async(piece, splits=splits, name=f"hvdkit.shards.gather.{n}"))
+        gathered = [hvd.synchronize(h)[0] for h in handles]
+        return gathered if self.rank == root else []
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Take an unsharded optimizer's state_dict (from any world size, sharded or not): keep this rank's slices.
@@ -174,6 +202,11 @@ def _step(self, closure=None):
 
 def _state_dict(self):
     return self._hvdkit_shards.state_dict()
+
+
+def gathered_state(optimizer, root: int) -> dict | None:
+    """A sharded ``optimizer``'s consolidated state_dict on rank ``root``, None on the others (collective)."""
+    return optimizer._hvdkit_shards.state_dict(root)
 
 
 def _load_state_dict(self, state_dict):

@@ -124,12 +124,15 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
         assert [p.name for p in (tmp_path / target).iterdir()] == [f"ckpt-{epoch * 30 + batch:08d}.npz"]
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path, controller):
+@pytest.mark.parametrize("controller, shard, resume_np", [("gloo", False, 3), ("mpi", False, 3), ("mpi", True, 3),
+                                                          ("gloo", True, 1)])
+def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path, controller, shard, resume_np):
     """examples/pytorch_mnist.py --checkpoint-dir DIR: SIGTERM to rank 1 during training -> exit 75 with a
-    mid-run checkpoint; --resume on 3 processes continues from it and finishes."""
+    mid-run checkpoint; --resume on 3 processes (or 1) continues from it and finishes. With
+    --shard-optimizer-state the checkpoint gathers the slices of both ranks, in the preemption's save."""
     ckpts = tmp_path / "ckpts"
-    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint-dir", str(ckpts), "--json"]
+    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "6", "--checkpoint-dir", str(ckpts), "--json",
+               *(["--shard-optimizer-state"] if shard else [])]
 
     def a_rank_pid() -> int:
         # The ranks' own processes: the interpreter running the example (not horovodrun, not a shell).
@@ -143,11 +146,19 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path, cont
     assert "final test accuracy" not in output
     saved = sorted(p.name for p in ckpts.glob("ckpt-*.pt"))
     assert saved, "no checkpoint was written"
+    if shard:       # one consolidated file: every momentum buffer whole, as an unsharded optimizer saves it
+        from hvdkit.torch.checkpoint import _read
+
+        body = _read(str(ckpts / saved[-1]))
+        shapes = [tuple(t.shape) for t in body["model"].values()]
+        momenta = [tuple(body["optimizer"]["state"][i]["momentum_buffer"].shape) for i in range(len(shapes))]
+        assert momenta == shapes and body["world_size"] == 2
     # Requeued onto another allocation: 3 processes continue the 2-process run's epoch from its sample.
-    proc = run_job(horovodrun_cmd(3, [*example, "--resume"], controller), timeout=300)
+    proc = run_job(horovodrun_cmd(resume_np, [*example, "--resume"], controller), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "hvdkit: " not in proc.stdout, proc.stdout[-3000:]
     result = example_result(proc.stdout)
-    assert result["size"] == 3 and result["test_accuracy"] > 0.9
+    assert result["size"] == resume_np and result["test_accuracy"] > 0.9
 
 
 @pytest.mark.parametrize("size, controller, scheduler", [(1, "gloo", "warmup"), (1, "mpi", "warmup"),

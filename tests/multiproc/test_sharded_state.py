@@ -27,7 +27,7 @@ def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, 
     for r in results:
         assert r["moved"] > 0.01, "the sharded job did not train"
         assert r["param_diff"] <= 1e-12 and r["state_diff"] <= 1e-12, r
-        assert r["same_keys"] and r["plain_state_empty"], r
+        assert r["same_keys"] and r["plain_state_empty"] and r["root_gather_equal"], r
         # Each rank's state: 1/N of the unsharded state, within 10% (Adam's step counts stay whole).
         assert abs(r["sharded_bytes"] - r["plain_bytes"] / np) <= 0.1 * r["plain_bytes"] / np, r
     assert sum(r["sharded_bytes"] for r in results) <= 1.02 * results[0]["plain_bytes"]
@@ -68,3 +68,27 @@ def test_what_sharding_cannot_do_is_one_user_error_each(tmp_path):
         assert "needs dense gradients" in errors["sparse"]
         assert "was given new memory after" in errors["replaced"]
         assert "load the state on every rank" in errors["rank0_load"], "a hang before: rank 0 gathered alone"
+
+
+@pytest.mark.parametrize("controller", ["default", "gloo"])
+def test_saving_a_sharded_state_gathers_it_on_the_writing_rank_only(tmp_path, controller):
+    """512 MiB of Adam state on 2 ranks under hvdkit launch (MPI by default on one host, and --gloo). The save
+    gathered every rank's slices on every rank (an allgather): the rank that does not write peaked 1.0x the
+    whole state above where it stood, and with 8 ranks on a host its memory took 8 copies to save one file.
+    Now the slices go to rank 0 only; the others send theirs (at most their own 1/size) and receive nothing."""
+    import sys
+
+    from tests.conftest import hvdkit_cmd
+
+    ckpt = tmp_path / "ckpt.pt"
+    flags = ["--gloo"] if controller == "gloo" else []
+    proc = run_job(hvdkit_cmd("launch", "-np", "2", "-H", "localhost:2", *flags, "--", sys.executable,
+                              str(WORKERS / "torch_sharded_save_memory.py"), "--out", str(tmp_path),
+                              "--ckpt", str(ckpt)), timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    r0, r1 = read_rank_results(tmp_path, 2, proc.stdout)
+    assert r0["size"] == 2 and r0["wrote"] and not r1["wrote"]
+    assert r0["moments"] == [[65536, 1024]] * 2 + [[1024]] * 2, "the file holds every moment whole"
+    state = r0["state_bytes"]      # measured after: rank 1 +0.0001x, rank 0 +1.0x (the gathered state itself)
+    assert r1["peak_growth_bytes"] <= 0.1 * state, (r1["peak_growth_bytes"] / state, r1, r0)
+    assert r0["peak_growth_bytes"] <= 1.2 * state, (r0["peak_growth_bytes"] / state, r1, r0)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from rank_results import write_result
 
 import hvdkit.torch as hk
+import hvdkit.torch.sharded as sharded_state
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -102,6 +103,13 @@ if args.phase == "compare":
     train(plain_model, plain, args.steps)
     train(sharded_model, sharded, args.steps)
     a, b = plain.state_dict(), sharded.state_dict()          # collective for the sharded one
+    # Gathered on one rank only (what a checkpoint's save does): the last rank, to see the root is not fixed.
+    on_root = sharded_state.gathered_state(sharded, ctx.size - 1)
+    if ctx.rank == ctx.size - 1:
+        result["root_gather_equal"] = all(torch.equal(torch.as_tensor(v), torch.as_tensor(on_root["state"][i][k]))
+                                          for i, s in b["state"].items() for k, v in s.items())
+    else:
+        result["root_gather_equal"] = on_root is None
     state_diff = max(float((torch.as_tensor(a["state"][i][k]) - torch.as_tensor(v)).abs().max())
                      for i, s in b["state"].items() for k, v in s.items())
     result.update(param_diff=float((params(plain_model) - params(sharded_model)).abs().max()),
