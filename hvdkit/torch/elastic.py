@@ -22,7 +22,10 @@ What a commit holds: model, optimizer, epoch, step, and the sampler's
 position (samples consumed this epoch). After a reset every worker goes back
 to the last commit, rank 0's state is broadcast (new workers get it too), the
 data is re-sharded over the new world size from the first unconsumed sample,
-and the learning rate is rescaled to ``base_lr x size``. ``run``, the commits
+and the learning rate is rescaled to ``base_lr x size``. With
+``shard_optimizer_state=True`` a commit gathers the optimizer's slices from
+every rank, and a reset cuts them again for the new rank and size
+(:class:`ShardedOptimizerHandler`). ``run``, the commits
 and the rescaling are the core's (:mod:`hvdkit.runtime.elastic`), as in Keras.
 """
 
@@ -59,7 +62,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     param group, or a list); on every reset each group's lr becomes
     ``base_lr x size`` (see :func:`hvdkit.runtime.lr.scale_lr`). ``commit_every``
     is how many steps pass between commits (a commit copies model and
-    optimizer state to host memory). ``sampler`` is the loader's
+    optimizer state to host memory; a sharded optimizer's is gathered first). ``sampler`` is the loader's
     ElasticSampler: where the epoch stands lives there (in Keras, in the
     state's own ``shard``). Other keywords are kept in the state, as in Horovod.
     """
