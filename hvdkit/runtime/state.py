@@ -21,13 +21,13 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from hvdkit.common.errors import UserError
+from hvdkit.runtime import topology
 from hvdkit.runtime.backend import Backend
 
 
@@ -84,7 +84,7 @@ def weights_check_applies(size: int) -> bool:
     joins later would wait alone in the gather at its first step, and the
     elastic state's sync already gives every rank rank 0's weights.
     """
-    return size > 1 and os.environ.get("HOROVOD_ELASTIC") != "1"
+    return size > 1 and not topology.is_elastic()
 
 
 def weights_digest(arrays) -> tuple[float, float, float]:

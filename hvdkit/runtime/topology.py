@@ -84,6 +84,11 @@ class NoGPUError(UserError):
 ELASTIC = "HOROVOD_ELASTIC"
 
 
+def is_elastic(environ=os.environ) -> bool:
+    """This process is a worker of an elastic job (horovodrun sets HOROVOD_ELASTIC=1)."""
+    return environ.get(ELASTIC) == "1"
+
+
 def hides_all_gpus(cuda_visible_devices: str | None) -> bool:
     """True when CUDA_VISIBLE_DEVICES shows no GPU (empty, ``-1``): CUDA stops at the first entry that is not
     an index or a ``GPU-``/``MIG-`` UUID, so the user (or the launcher) chose the CPU."""

@@ -41,6 +41,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.context import current
+from hvdkit.torch.tensors import to_cpu
 
 
 def elastic_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -80,13 +81,17 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         self._init_commits(commit_every, list(base_lr) if base_lr is not None else None)
         extra = {"train_sampler": sampler} if sampler is not None else {}
         super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
+        # The sharded optimizers' handlers save first: their gather is collective and may fail on a lost rank,
+        # which must find the model, sampler and counters still at the last commit, not saved past it.
+        self._handlers = dict(sorted(self._handlers.items(),
+                                     key=lambda item: not isinstance(item[1], ShardedOptimizerHandler)))
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
 
     def _after_reset(self) -> None:
-        handler = self._handlers.get("optimizer")
-        if isinstance(handler, ShardedOptimizerHandler):
-            handler.recut()         # first: loading the committed state also loads its (old) rates
+        for handler in self._handlers.values():
+            if isinstance(handler, ShardedOptimizerHandler):
+                handler.recut()     # first: loading the committed state also loads its (old) rates
         super()._after_reset()
 
     def _set_learning_rates(self, rates: list[float]) -> None:
@@ -102,7 +107,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
             self.train_sampler.set_epoch(self.epoch)
 
 
-class ShardedOptimizerHandler(hvd.elastic.state.OptimizerStateHandler):
+class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
     """Horovod's optimizer handler for ``shard_optimizer_state=True``: commits hold the consolidated state.
 
     A commit gathers every rank's slices (``state_dict()``, collective: every
@@ -112,51 +117,63 @@ class ShardedOptimizerHandler(hvd.elastic.state.OptimizerStateHandler):
     ``sync`` sends it from a rank that has one to the others: new workers and,
     after a failure, everyone. Nothing here is collective outside ``save`` and
     ``sync``: a worker that joins builds this handler while the others are
-    already in ``sync``.
+    already in ``sync``. :class:`ElasticState` saves this handler before the
+    others, so that a rank lost during the gather leaves the last commit whole.
     """
 
     def __init__(self, optimizer):
-        self.value = optimizer
+        super().__init__(optimizer)
         self._saved_optimizer_state = None        # nothing committed yet (and nothing gathered: see above)
-        self._restore = False
 
     def save(self):
-        self._saved_optimizer_state = _copy(self.value.state_dict())
+        self._saved_optimizer_state = _detached(self.value.state_dict())
+
+    def _committed(self) -> dict:
+        """The last commit, or before the first one the optimizer's groups with no state."""
+        if self._saved_optimizer_state is not None:
+            return self._saved_optimizer_state
+        return {"state": {}, "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]}
 
     def restore(self):
-        # The rank and size change in the reset that follows: the slices are cut then, in recut().
-        self._restore = True
+        # Back to the last commit in the slices cut now; a reset that follows cuts them again (recut). Before the
+        # first commit (a failure in the job's first sync) nothing has trained: the state stays as it is.
+        if self._saved_optimizer_state is not None:
+            sharded.reshard(self.value, *sharded.layout(self.value), self._saved_optimizer_state)
 
     def recut(self):
         """After a reset: cut the slices for this rank and size from the last commit, if the layout changed."""
         now = (hvd.rank(), hvd.size())
-        if self._saved_optimizer_state is not None and (self._restore or sharded.layout(self.value) != now):
-            sharded.reshard(self.value, *now, self._saved_optimizer_state)
-        self._restore = False
+        if sharded.layout(self.value) != now:
+            sharded.reshard(self.value, *now, self._committed())
 
     def sync(self):
+        self.recut()                    # also when a plain hvd.elastic.TorchState holds this optimizer
         rank = hvd.rank()
         holders = [r for r, has in enumerate(hvd.allgather_object(self._saved_optimizer_state is not None,
                                                                   name="hvdkit.elastic.shards")) if has]
         if not holders:                 # the job's first sync: the state as it stands (loaded or empty), gathered
             self.save()
             holders = [0]
-        root = holders[0]
+        root = holders[0]               # rank 0, which syncs the model, unless it is new
         state = None
         if rank == root:                # the committed state, with the rates as they are now (rescaled for size)
-            state = {**self._saved_optimizer_state,
-                     "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]}
+            state = to_cpu({**self._saved_optimizer_state,
+                            "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]})
         state = hvd.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
         if rank != root:
-            self.value.load_state_dict(state)
+            sharded.reshard(self.value, rank, hvd.size(), state)
         self._saved_optimizer_state = state
 
 
-def _copy(state_dict: dict) -> dict:
-    """A consolidated state_dict detached from the live optimizer (its step counts are the inner optimizer's own)."""
+def _detached(state_dict: dict) -> dict:
+    """A consolidated state_dict apart from the live optimizer: its per-parameter scalars (step counts) are the
+    inner optimizer's own tensors, cloned here; the moments were gathered into new memory already."""
+    def own(key, value):
+        scalar = torch.is_tensor(value) and (key in sharded.SCALAR_KEYS or not value.dim())
+        return value.detach().clone() if scalar else value
+
     return {"param_groups": copy.deepcopy(state_dict["param_groups"]),
-            "state": {i: {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in entry.items()}
-                      for i, entry in state_dict["state"].items()}}
+            "state": {i: {k: own(k, v) for k, v in entry.items()} for i, entry in state_dict["state"].items()}}
 
 
 class _ShardedOptimizer(type):

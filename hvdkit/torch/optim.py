@@ -11,7 +11,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -19,7 +18,7 @@ import torch
 import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
-from hvdkit.runtime import context, state
+from hvdkit.runtime import context, state, topology
 from hvdkit.runtime.lr import reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
@@ -109,8 +108,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         _AverageWhenBackwardReturns(wrapped)
         if check_finite and wrapped._grad_accs:   # none at size 1: nothing to spread
             NonFiniteCheck(wrapped)
-    # One process shards nothing, unless it is an elastic job's, which may grow (horovodrun sets HOROVOD_ELASTIC).
-    if shard_optimizer_state and (ctx.size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+    # One process shards nothing, unless it is an elastic job's, which may grow.
+    if shard_optimizer_state and (ctx.size > 1 or topology.is_elastic()):
         sharded.shard(wrapped, ctx.rank, ctx.size)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped

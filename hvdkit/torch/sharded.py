@@ -182,7 +182,10 @@ class Shards:
         for key, entry in state_dict.get("state", {}).items():
             i = int(key)
             p, (start, end) = self.params[i], self.ranges[i]
-            state[i] = {k: v.reshape(-1)[start:end].clone() if _is_full(k, v, p) else v for k, v in entry.items()}
+            # Cloned, the step counts too: the inner optimizer updates them in place, and the caller's state
+            # (an elastic commit) must stay as it was.
+            state[i] = {k: v.reshape(-1)[start:end].clone() if _is_full(k, v, p) else
+                        v.clone() if torch.is_tensor(v) else v for k, v in entry.items()}
         inner_groups = self.inner.state_dict()["param_groups"]
         for inner, group in zip(inner_groups, self.optimizer.param_groups):
             inner.update(self._options(group))

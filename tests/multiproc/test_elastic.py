@@ -174,4 +174,14 @@ def test_sharded_optimizer_state_survives_a_shrink_a_join_and_a_killed_worker(tm
             assert abs(float(fraction) - 1 / size) < 0.05, (size, fraction)
         assert [float(r) for r in rates.split(", ")] == [pytest.approx(0.001 * size)] * size
     assert int(starts[-1][1]) > int(starts[1][1]) > 0 and "done steps" in job.output
+    # Each start's state is the state the worker itself gathered at the commit it resumed from (not the handler's
+    # own copy, which the state_diff above compares with): the last commit of that step logged before the start.
+    committed: dict[int, str] = {}
+    for line in job.output.splitlines():
+        if match := re.search(r"committed step (\d+) epoch \d+ size \d digest (\w+)", line):
+            committed[int(match.group(1))] = match.group(2)
+        elif match := re.search(r"start size \d step (\d+) .* digest (\w+)", line):
+            if int(match.group(1)):
+                assert committed.get(int(match.group(1))) == match.group(2), line
+    check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))
     assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]

@@ -2,16 +2,19 @@
 
 Adam in float64 on a small regression, a commit every step. Each time ``train`` starts (the job's start, and
 after every reset: a graceful shrink, a worker joining, a killed worker), every rank gathers the sharded state
-(``optimizer.state_dict()``, cut for the new rank and size) and compares it with the last commit's, element by
-element; rank 0 prints one line per start:
+(``optimizer.state_dict()``, cut for the new rank and size) and compares it with the handler's copy of the last
+commit, element by element; rank 0 prints one line per start, with a digest of the state gathered (step counts
+included):
 
-    start size 2 step 14 state_diff 0.0 slice_fraction 0.5 groups_lr 0.002
+    start size 2 step 14 state_diff 0.0 slice_fraction 0.500 layout_sizes [2] groups_lr [0.002, 0.002] digest 5d1f..
 
-and "committed step N epoch E size S" per commit (tests/elastic_job.py reads those). It trains until the
-file --stop exists (every rank agrees through one broadcast a step), then prints "done steps N".
+and "committed step N epoch E size S digest D" per commit, D gathered the same way by the worker itself, apart
+from the handler's copy (tests/elastic_job.py reads those; the test matches each start's digest with its commit's).
+It trains until the file --stop exists (every rank agrees through one broadcast a step), then prints "done steps N".
 """
 
 import argparse
+import hashlib
 import os
 import time
 
@@ -39,14 +42,24 @@ optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=hk.s
 state = hk.elastic.ElasticState(model, optimizer, sampler=loader.sampler, base_lr=0.001)
 
 
+def digest(opt_state: dict) -> str:
+    h = hashlib.sha256()
+    for i, entry in sorted(opt_state["state"].items()):
+        for key, value in sorted(entry.items()):
+            h.update(f"{i}.{key}".encode())
+            h.update(torch.as_tensor(value).double().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def flat(opt_state: dict) -> torch.Tensor:
     return torch.cat([v.reshape(-1).double() for _, entry in sorted(opt_state["state"].items())
                       for _, v in sorted(entry.items()) if torch.is_tensor(v)] or [torch.zeros(0)])
 
 
 def log_commit(s):
+    gathered = digest(optimizer.state_dict())        # collective: every rank commits at the same step
     if hk.current().is_main:
-        print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size}", flush=True)
+        print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size} digest {gathered}", flush=True)
 
 
 state.register_commit_callbacks([log_commit])
@@ -66,7 +79,7 @@ def train(state):
     if hk.current().is_main:
         print(f"start size {hk.current().size} step {state.step} state_diff {max(d for d, *_ in diffs)} "
               f"slice_fraction {max(f for _, f, *_ in diffs):.3f} layout_sizes {sorted({s for *_, s, _ in diffs})} "
-              f"groups_lr {[lr for *_, lr in diffs]}", flush=True)
+              f"groups_lr {[lr for *_, lr in diffs]} digest {digest(now)}", flush=True)
     while True:
         for xb, yb in loader:
             optimizer.zero_grad()

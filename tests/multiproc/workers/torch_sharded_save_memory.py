@@ -3,7 +3,8 @@
 A 64M-parameter model (256 MiB in float32) with Adam, shard_optimizer_state=True: 512 MiB of state in all,
 1/size of it on each rank. One step, then hk.save_checkpoint. Each rank reports how far its resident memory
 peaked above where it stood before the save (Linux: clear_refs resets VmHWM), the state's bytes, and how
-long the save took; rank 0 also what the file holds.
+long the save took; rank 0 also what the file holds, and, after the save, how long the gather onto every rank
+that an elastic commit does took beside one step (the best of 3 each).
 """
 
 import argparse
@@ -53,4 +54,21 @@ if wrote:
     moments = body["optimizer"]["state"]
     result["moments"] = [list(moments[i][k].shape) for i in (0, 1) for k in ("exp_avg", "exp_avg_sq")]
     result["file_bytes"] = os.path.getsize(args.ckpt)
+    gathers, steps = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        optimizer.state_dict()
+        gathers.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        (model.weight.sum() + model.bias.sum()).backward()
+        optimizer.step()
+        steps.append(time.perf_counter() - started)
+    result.update(commit_gather_seconds=round(min(gathers), 3), step_seconds=round(min(steps), 3))
+else:
+    for _ in range(3):
+        optimizer.state_dict()
+        optimizer.zero_grad()
+        (model.weight.sum() + model.bias.sum()).backward()
+        optimizer.step()
 write_result(args.out, ctx.rank, result)

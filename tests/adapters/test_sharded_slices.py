@@ -1,0 +1,34 @@
+"""hvdkit.torch.sharded's slices in one process (no collective is needed to cut them or load a state into them)."""
+
+import pytest
+import torch
+
+from hvdkit.torch.sharded import Shards, slice_range
+
+pytestmark = pytest.mark.adapters
+
+
+def test_the_slices_of_a_parameter_cover_it_once_in_rank_order():
+    for numel, size in ((10, 3), (1, 3), (0, 2), (7, 7), (1024, 4)):
+        ranges = [slice_range(numel, rank, size) for rank in range(size)]
+        assert [e for s, e in ranges] == sorted(e for s, e in ranges)
+        assert sum(e - s for s, e in ranges) == numel and ranges[0][0] == 0 and ranges[-1][1] == numel
+
+
+def test_loading_a_state_into_the_slices_leaves_the_callers_state_alone():
+    """An elastic commit is loaded into the slices after a reset, and loaded again after a second reset: Adam's
+    step count went into the inner optimizer as the commit's own tensor, so each step after the first reset
+    advanced the commit's count (the second reset then restored moments from step 3 with a count of 5)."""
+    p = torch.nn.Parameter(torch.ones(4))
+    outer = torch.optim.Adam([p], lr=0.1)
+    shards = Shards(outer, torch.optim.Adam, rank=1, size=2)
+    commit = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0), "exp_avg_sq": torch.ones(4)}},
+              "param_groups": torch.optim.Optimizer.state_dict(outer)["param_groups"]}
+    shards.load_state_dict(commit)
+    inner = shards.inner.state[shards.views[0]]
+    assert inner["exp_avg"].tolist() == [2.0, 3.0] and float(inner["step"]) == 3.0     # rank 1's half
+    for _ in range(2):
+        shards.views[0].grad = torch.ones(2)
+        shards.inner.step()
+    assert float(inner["step"]) == 5.0
+    assert float(commit["state"][0]["step"]) == 3.0 and commit["state"][0]["exp_avg"].tolist() == [0.0, 1.0, 2.0, 3.0]
