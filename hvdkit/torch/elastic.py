@@ -114,8 +114,8 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
     rank commits at the same step) into host memory, so that the survivors of
     a lost rank still hold all of the state. After a reset the slices are cut
     again for the new rank and size from that copy (:meth:`recut`, local), and
-    ``sync`` sends it from a rank that has one to the others: new workers and,
-    after a failure, everyone. Nothing here is collective outside ``save`` and
+    ``sync`` sends it to new workers (when every rank holds the same commit,
+    as after a failure that brought no new worker, nothing is sent). Nothing here is collective outside ``save`` and
     ``sync``: a worker that joins builds this handler while the others are
     already in ``sync``. :class:`ElasticState` saves this handler before the
     others, so that a rank lost during the gather leaves the last commit whole.
@@ -124,9 +124,11 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
     def __init__(self, optimizer):
         super().__init__(optimizer)
         self._saved_optimizer_state = None        # nothing committed yet (and nothing gathered: see above)
+        self._commits = 0                         # commits saved: the same count on every rank that made them
 
     def save(self):
         self._saved_optimizer_state = _detached(self.value.state_dict())
+        self._commits += 1
 
     def _committed(self) -> dict:
         """The last commit, or before the first one the optimizer's groups with no state."""
@@ -149,17 +151,21 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
     def sync(self):
         self.recut()                    # also when a plain hvd.elastic.TorchState holds this optimizer
         rank = hvd.rank()
-        holders = [r for r, has in enumerate(hvd.allgather_object(self._saved_optimizer_state is not None,
-                                                                  name="hvdkit.elastic.shards")) if has]
+        held = hvd.allgather_object(self._commits if self._saved_optimizer_state is not None else None,
+                                    name="hvdkit.elastic.shards")
+        if None not in held and len(set(held)) == 1:
+            return                      # every rank holds the same commit, cut for it (a failure, no new worker)
+        holders = [r for r, commits in enumerate(held) if commits is not None]
         if not holders:                 # the job's first sync: the state as it stands (loaded or empty), gathered
-            self.save()
-            holders = [0]
+            self.save()                 # onto every rank, which then holds the same
+            return
         root = holders[0]               # rank 0, which syncs the model, unless it is new
         state = None
         if rank == root:                # the committed state, with the rates as they are now (rescaled for size)
-            state = to_cpu({**self._saved_optimizer_state,
-                            "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]})
-        state = hvd.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
+            state = (to_cpu({**self._saved_optimizer_state,
+                             "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]}),
+                     self._commits)
+        state, self._commits = hvd.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
         if rank != root:
             sharded.reshard(self.value, rank, hvd.size(), state)
         self._saved_optimizer_state = state
