@@ -32,6 +32,8 @@ def parse_args():
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
     p.add_argument("--commit-every", type=positive_int, default=1,
                    help="steps between commits (a commit copies the state)")
+    p.add_argument("--shard-optimizer-state", action="store_true",
+                   help="keep 1/N of the optimizer state on each process (ZeRO stage 1); a commit gathers it")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
     return p.parse_args()
@@ -51,7 +53,8 @@ def main():
 
     model = nn.Sequential(nn.Linear(28 * 28, 256), nn.ReLU(), nn.Linear(256, 10)).to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
-    optimizer = hk.DistributedOptimizer(optimizer, model)  # hvdkit:
+    optimizer = hk.DistributedOptimizer(optimizer, model,  # hvdkit:
+                                        shard_optimizer_state=args.shard_optimizer_state)
     # hvdkit: what a commit holds; its first sync gives every rank rank 0's weights
     state = hk.elastic.ElasticState(model, optimizer, sampler=train_loader.sampler,
                                     base_lr=args.lr, commit_every=args.commit_every)

@@ -25,7 +25,8 @@ EPOCHS = 8   # about 400 steps at size 2; 20 on 2, 20 on 1 and the regrowth take
     ("hvdkit", "pytorch_elastic.py", []),
     ("horovodrun", "keras_elastic.py", ["--backend", "torch"]),
     ("horovodrun", "keras_elastic.py", ["--backend", "tensorflow"]),
-], ids=["torch", "keras-torch", "keras-tensorflow"])
+    ("hvdkit", "pytorch_elastic.py", ["--shard-optimizer-state"]),
+], ids=["torch", "keras-torch", "keras-tensorflow", "torch-sharded"])
 def test_shrinks_and_grows_with_the_discovery_file(tmp_path, launcher, example, extra):
     hosts = tmp_path / "hosts"
     hosts.write_text("# elastic hosts, edited while the job runs\nlocalhost slots=2\n")
