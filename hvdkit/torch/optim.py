@@ -269,7 +269,9 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
         opt_state = optimizer.state_dict() if rank == root_rank else None
     opt_state = backend.broadcast_object(to_cpu(opt_state) if rank == root_rank else None, root_rank,
                                          name="hvdkit.optimizer_state")
-    if rank != root_rank:
+    if rank != root_rank and sharded.is_sharded(optimizer):
+        optimizer._hvdkit_shards.load_state_dict(opt_state)     # not the script's own load (Shards.user_loads)
+    elif rank != root_rank:
         optimizer.load_state_dict(opt_state)
 
 

@@ -28,6 +28,7 @@ them (``hk.save_checkpoint`` and ``hk.broadcast_state`` do).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -69,6 +70,7 @@ class Shards:
     def __init__(self, optimizer: torch.optim.Optimizer, original: type, rank: int, size: int):
         check_supported(original)
         self.optimizer, self.original, self.rank, self.size = optimizer, original, rank, size
+        self.user_loads = 0         # optimizer.load_state_dict calls by the script: the same count on every rank
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.ranges, self.views = [], []
         for p in self.params:
@@ -81,7 +83,9 @@ class Shards:
         index = {id(p): i for i, p in enumerate(self.params)}
         groups = [{**self._options(g), "params": [self.views[index[id(p)]] for p in g["params"]]}
                   for g in optimizer.param_groups]
-        self.inner = original(groups, **optimizer.defaults)
+        # The defaults the constructor takes: torch's AdamW keeps one it does not (decoupled_weight_decay).
+        accepted = inspect.signature(original.__init__).parameters
+        self.inner = original(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
     @staticmethod
     def _options(group: dict) -> dict:
@@ -129,10 +133,12 @@ class Shards:
                 if torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == view.numel():
                     entries.append((i, key))
                     slices.append(value.detach().cpu().contiguous())    # gathered in host memory, not the GPU's
-        # Every rank must hold the same entries, or the gathering below would wait forever.
-        counts = hvd.allgather_object(len(entries), name="hvdkit.shards.count")
+        # Every rank must hold the same entries, or the gathering below would wait forever; and every rank must
+        # have loaded the same states (a load on rank 0 alone, then broadcast_state, mixed rank 0's new slice
+        # with the others' old ones, silently, where each already held state).
+        counts = hvd.allgather_object((len(entries), self.user_loads), name="hvdkit.shards.count")
         if len(set(counts)) > 1:
-            raise UserError(f"the ranks hold optimizer state for different parameters ({counts} entries): with "
+            raise UserError(f"the ranks hold different optimizer states ((entries, loads) per rank: {counts}): with "
                             "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "
                             "hk.broadcast_state do; optimizer.load_state_dict on rank 0 alone does not)")
         if root is not None:
@@ -214,6 +220,7 @@ def gathered_state(optimizer, root: int) -> dict | None:
 
 def _load_state_dict(self, state_dict):
     self._hvdkit_shards.load_state_dict(state_dict)
+    self._hvdkit_shards.user_loads += 1
 
 
 def _add_param_group(self, param_group):
@@ -258,3 +265,4 @@ def reshard(optimizer, rank: int, size: int, state_dict: dict) -> None:
     shards = optimizer._hvdkit_shards
     optimizer._hvdkit_shards = Shards(optimizer, shards.original, rank, size)
     optimizer._hvdkit_shards.load_state_dict(state_dict)
+    optimizer._hvdkit_shards.user_loads = shards.user_loads

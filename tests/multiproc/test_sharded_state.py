@@ -15,7 +15,7 @@ WORKER = str(WORKERS / "torch_sharded.py")
 
 @pytest.mark.parametrize("np,optimizer,amp,controller", [
     (2, "adam", False, "gloo"), (2, "sgd", False, "mpi"), (3, "adam", False, "gloo"), (3, "sgd", False, "gloo"),
-    (4, "adam", False, "mpi"), (2, "adam", True, "gloo")])
+    (4, "adamw", False, "mpi"), (2, "adam", True, "gloo")])
 def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, np, optimizer, amp, controller):
     """amp: float32 with a GradScaler (scale, unscale_, clip, scaler.step), as the AMP recipe is written. Both
     controllers: MPI, what hvdkit launch picks on one host, and Gloo."""
@@ -68,6 +68,7 @@ def test_what_sharding_cannot_do_is_one_user_error_each(tmp_path):
         assert "needs dense gradients" in errors["sparse"]
         assert "was given new memory after" in errors["replaced"]
         assert "load the state on every rank" in errors["rank0_load"], "a hang before: rank 0 gathered alone"
+        assert "load the state on every rank" in errors["rank0_rollback"], "it mixed old and new slices silently"
 
 
 @pytest.mark.parametrize("controller", ["default", "gloo"])

@@ -26,7 +26,7 @@ import hvdkit.torch.sharded as sharded_state
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
-p.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
 p.add_argument("--phase", choices=["compare", "save", "resume", "refusals"], default="compare")
 p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true", help="resume into a sharded optimizer")
@@ -57,6 +57,8 @@ class Net(nn.Module):
 def make(model, shard):
     if args.optimizer == "sgd":
         inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    elif args.optimizer == "adamw":
+        inner = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=1e-2)
     else:
         inner = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-4)
     opt = hk.DistributedOptimizer(inner, model, backward_passes_per_step=K, shard_optimizer_state=shard)
@@ -160,7 +162,21 @@ elif args.phase == "refusals":
             other_opt.state_dict()          # rank 0's state_dict() gathers here as well
         other_opt.state_dict()
 
-    cases.update(sparse=sparse, replaced=replaced, rank0_load=loaded_on_rank_0_only)
+    def rolled_back_on_rank_0_only():
+        # Horovod's resume recipe mid-training: rank 0 loads an earlier state, broadcast_state sends it. Each rank
+        # holds state already, so the gather found the same entries and mixed rank 0's new slice with the
+        # others' old ones, silently (found by trying it as a user).
+        other = Net()
+        other_opt = make(other, True)
+        train(other, other_opt, 1)
+        earlier = other_opt.state_dict()
+        train(other, other_opt, 1, first=1)
+        if ctx.rank == 0:
+            other_opt.load_state_dict(earlier)
+        hk.broadcast_state(other, other_opt)
+
+    cases.update(sparse=sparse, replaced=replaced, rank0_load=loaded_on_rank_0_only,
+                 rank0_rollback=rolled_back_on_rank_0_only)
     errors = {}
     for name, call in cases.items():
         try:
