@@ -81,7 +81,7 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    from hvdkit.bench.results import machine
+    from hvdkit.bench.results import write_table
 
     rows = []
     for controller in ("mpi", "gloo"):
@@ -91,17 +91,14 @@ def main():
             load = os.getloadavg()[0]
             rows.append({"controller": controller, "np": np, "load": load, **launch(controller, np, args, out)})
             print(json.dumps(rows[-1]), flush=True)
-    lines = [f"machine: {json.dumps(machine())}",
-             f"ResNet-50's 161 gradients (25.6 M float32), grouped; seconds, best of {args.repeats}, slowest rank",
+    lines = [f"ResNet-50's 161 gradients (25.6 M float32), grouped; seconds, best of {args.repeats}, slowest rank",
              f"{'controller':<11}{'np':>3}{'allreduce':>11}{'reducescatter':>15}{'allgather':>11}"
              f"{'AR+AG (now)':>13}{'RS+AG':>8}{'RS+AG / AR+AG':>15}{'load':>6}"]
     for r in rows:
         now, scattered = r["allreduce"] + r["allgather"], r["reducescatter"] + r["allgather"]
         lines.append(f"{r['controller']:<11}{r['np']:>3}{r['allreduce']:>11.4f}{r['reducescatter']:>15.4f}"
                      f"{r['allgather']:>11.4f}{now:>13.4f}{scattered:>8.4f}{scattered / now:>15.2f}{r['load']:>6.2f}")
-    text = "\n".join(lines)
-    print(text)
-    (ROOT / "docs" / "bench" / "reduce_scatter.txt").write_text(text + "\n")
+    write_table(ROOT / "docs" / "bench" / "reduce_scatter.txt", lines)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    from hvdkit.bench.results import machine
+    from hvdkit.bench.results import write_table
 
     rows = []
     for model in args.models.split(","):
@@ -145,17 +145,14 @@ def main():
                 rows.append({"model": model, "np": np, "impl": impl, "load": load, **measured})
                 print(json.dumps(rows[-1]), flush=True)
     base = {(r["model"], r["np"]): r for r in rows if r["impl"] == "hvdkit"}
-    lines = [f"machine: {json.dumps(machine())}",
-             f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}; "
+    lines = [f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}; "
              "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size",
              f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'step s':>9}{'load':>6}"]
     for r in rows:
         share = r["state_mib"] / base[(r["model"], r["np"])]["state_mib"]
         lines.append(f"{r['model']:<12}{r['np']:>3}  {r['impl']:<15}{r['state_mib']:>10.1f}{share:>8.3f}"
                      f"{r['step_s']:>9.3f}{r['load']:>6.2f}")
-    text = "\n".join(lines)
-    print(text)
-    (ROOT / "docs" / "bench" / "sharded_state.txt").write_text(text + "\n")
+    write_table(ROOT / "docs" / "bench" / "sharded_state.txt", lines)
 
 
 if __name__ == "__main__":

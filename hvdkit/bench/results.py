@@ -15,6 +15,7 @@ import platform
 import re
 import socket
 import sys
+from pathlib import Path
 
 from hvdkit.common.launcher import detect
 
@@ -92,3 +93,10 @@ def machine() -> dict:
 
     return {"host": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpu": ", ".join(gpu_names()) or None}
+
+
+def write_table(path, lines: list[str]) -> None:
+    """Print a bench's table headed by the machine it ran on (:func:`machine`), and write it to ``path``."""
+    text = "\n".join([f"machine: {json.dumps(machine())}", *lines]) + "\n"
+    print(text, end="")
+    Path(path).write_text(text)
