@@ -30,8 +30,12 @@ class NonFiniteCheck:
         # Horovod's accumulators, in its order: param_groups' parameters that require a gradient.
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, accumulator in zip(params, optimizer._grad_accs):
-            accumulator.register_prehook(self._before_accumulation(p))
+            self.watch(p, accumulator)
+        optimizer._hvdkit_accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.optim hooks later
         optimizer.register_step_pre_hook(self._before_step)
+
+    def watch(self, p: torch.Tensor, accumulator) -> None:
+        accumulator.register_prehook(self._before_accumulation(p))
 
     def _before_accumulation(self, p: torch.Tensor):
         def hook(grad_outputs):
@@ -47,8 +51,7 @@ class NonFiniteCheck:
         own, self.own = self.own, []     # (a step a GradScaler skipped leaves them to the next: a stale name at worst)
         self.steps += 1
         optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optim)
-        # Only what was averaged, so every rank sees the same values and takes the same branch: a parameter
-        # given requires_grad=True after wrapping has no Horovod hook, and its gradient is this rank's own.
+        # Only what was averaged, so every rank sees the same values and takes the same branch.
         averaged = optimizer._requires_update
         grads = [p.grad for g in optimizer.param_groups for p in g["params"]
                  if p in averaged and p.requires_grad and p.grad is not None and not p.grad.is_sparse]

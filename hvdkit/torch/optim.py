@@ -99,6 +99,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         sparse_as_dense=sparse_as_dense,
     )
     wrapped._hvdkit_op = op        # the learning rate's scaling rule, for a checkpoint resumed on another size
+    # Horovod builds its optimizer from param_groups alone, so its defaults are the class's (Adam's lr=1e-3, no
+    # momentum or weight decay), not the ones the script gave: a group added later (add_param_group, as
+    # Lightning's BaseFinetuning unfreezes) silently took those. Keep the script's.
+    wrapped.defaults = dict(optimizer.defaults)
     # Horovod builds a new optimizer from param_groups, which drops any state
     # the original already had (momentum, Adam moments, e.g. loaded before
     # wrapping). Carry it over.
@@ -138,7 +142,10 @@ class _AverageWhenBackwardReturns:
     would give them a zero gradient, which momentum and weight decay then
     turn into a move; untouched, their ``grad`` stays None and the optimizer
     skips them, as in one process. Every rank must freeze the same ones
-    (each rank's set decides which allreduces it joins). Keying on the
+    (each rank's set decides which allreduces it joins). Parameters that
+    need a gradient only after wrapping (unfrozen, or added with
+    ``add_param_group``) are hooked at the end of the first backward pass
+    that finds them, and averaged from that pass on. Keying on the
     graph task, not a flag, means a backward that raised (a caught
     out-of-memory error, an elastic reset) cannot leave the callback off; and
     reentrant activation checkpointing, whose inner backward passes are
@@ -151,8 +158,12 @@ class _AverageWhenBackwardReturns:
         self.task = None                             # the graph task a callback was last queued on
         self.averaged = False
         self.warned = False
-        for accumulator in optimizer._grad_accs:     # empty at size 1: Horovod registers no hooks
+        self.hooked = bool(optimizer._grad_accs)     # Horovod registers no hooks at size 1 (unless elastic)
+        for accumulator in optimizer._grad_accs:
             accumulator.register_hook(self._after_accumulation)
+        # What else watches a gradient accumulator (the non-finite check), for parameters hooked later.
+        optimizer._hvdkit_accumulator_hooks = [lambda _p, accumulator: accumulator.register_hook(
+            self._after_accumulation)]
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
 
     def _after_accumulation(self, *_):
@@ -177,11 +188,44 @@ class _AverageWhenBackwardReturns:
 
     def _end_of_backward(self) -> None:
         self.task = None
+        self._hook_new_parameters()
         if self._started():
             self.synchronize()
 
+    def _hook_new_parameters(self) -> list:
+        """Average parameters that need a gradient since wrapping: given requires_grad=True, or add_param_group.
+
+        Horovod hooks only the parameters that required a gradient when it wrapped the optimizer, and
+        averages only those; a layer unfrozen later (gradual unfreezing, Lightning's BaseFinetuning) kept
+        each rank's own gradient, and the ranks' weights drifted apart, silently. Each one found here (every
+        rank finds the same ones, in the same order: hvdkit's rule for freezing) gets Horovod's hook and
+        hvdkit's for the passes to come, and the pass that just ran is counted as the hook would have."""
+        if not self.hooked:
+            return []
+        opt = self.optimizer
+        fresh = [(gi, pi, p) for gi, g in enumerate(opt.param_groups) for pi, p in enumerate(g["params"])
+                 if p.requires_grad and p not in opt._requires_update]
+        for gi, pi, p in fresh:
+            opt._parameter_names.setdefault(p, f"hvdkit.added.{gi}.{pi}")    # added with a group, unnamed
+            opt._allreduce_delay[p] = opt.backward_passes_per_step
+            if opt._groups is not None:              # grouped allreduce: a group of its own
+                opt._p_to_group[p] = (p,)
+                opt._group_counts[(p,)] = 0
+            opt._requires_update.add(p)
+            with torch.enable_grad():                 # autograd's end-of-backward callbacks run without it
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            hook = opt._make_hook(p)
+            accumulator.register_hook(hook)
+            opt._grad_accs.append(accumulator)        # Horovod's list keeps the accumulator alive
+            for watch in opt._hvdkit_accumulator_hooks:
+                watch(p, accumulator)
+            if p.grad is not None:                    # this pass's gradient, accumulated before the hook
+                hook()
+        return [p for _, _, p in fresh]
+
     def synchronize(self) -> None:
         """Wait for the allreduces; a no-op when the last backward pass already did."""
+        fresh = self._hook_new_parameters()
         if self.averaged and not self.optimizer._handles:
             return
         missing = self._not_started()
@@ -199,7 +243,8 @@ class _AverageWhenBackwardReturns:
                   if self.optimizer._handles.get(p, (None, None))[0] is None}
         for p in frozen:
             self.optimizer._handles.pop(p, None)
-        self.optimizer._requires_update = everything - frozen
+        # Averaged when the last backward returned, but for parameters hooked only now: those alone are left.
+        self.optimizer._requires_update = set(fresh) - frozen if self.averaged else everything - frozen
         try:
             self.horovod_synchronize(self.optimizer)
         finally:

@@ -6,7 +6,7 @@ import copy
 import torch
 import torch.nn.functional as F
 from rank_results import write_result
-from torch_common import SmallNet, make_optimizer
+from torch_common import SmallNet, make_optimizer, tensor_digest
 
 import hvdkit.torch as hk
 
@@ -27,6 +27,11 @@ p.add_argument("--abort-first", action="store_true",
 p.add_argument("--checkpoint", help="save after training, then load into a plain (uncompiled) SmallNet")
 p.add_argument("--freeze-after", type=int, default=None,
                help="set requires_grad=False on the conv layer before this step, on both sides")
+p.add_argument("--unfreeze-at", type=int, default=None,
+               help="start with the conv layer frozen (requires_grad=False) and unfreeze it before this step")
+p.add_argument("--unfreeze-how", choices=["requires-grad", "add-group"], default="requires-grad",
+               help="add-group: the conv layer is also left out of the optimizer and added with add_param_group")
+p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
@@ -40,12 +45,23 @@ x_all = torch.randn(args.steps, ctx.size * B, 1, 8, 8)
 y_all = torch.randint(0, 10, (args.steps, ctx.size * B))
 
 model = SmallNet()
+if args.unfreeze_at is not None:
+    model.conv.requires_grad_(False)
 reference = copy.deepcopy(model)
 initial = copy.deepcopy(model)
 if args.compile == "before":
     model = torch.compile(model)
-opt = hk.DistributedOptimizer(make_optimizer(args.optimizer, model.parameters()), model,
-                              backward_passes_per_step=k)
+
+
+def trained(module):
+    """What the optimizer starts with: every parameter, less the frozen conv layer with --unfreeze-how add-group."""
+    if args.unfreeze_at is not None and args.unfreeze_how == "add-group":
+        return [q for name, q in module.named_parameters() if not name.startswith("conv.")]
+    return module.parameters()
+
+
+opt = hk.DistributedOptimizer(make_optimizer(args.optimizer, trained(model)), model,
+                              backward_passes_per_step=k, shard_optimizer_state=args.shard)
 if args.compile == "after":
     model = torch.compile(model)
 hk.broadcast_state(model, opt)
@@ -111,7 +127,20 @@ def freeze_at(step, module):
     return module.conv.weight.detach().clone()
 
 
+def unfreeze_at(step, module, optimizer):
+    """Unfreeze the conv layer mid-training (gradual unfreezing); returns its weights when it does."""
+    if step != args.unfreeze_at:
+        return None
+    module.conv.requires_grad_(True)
+    if args.unfreeze_how == "add-group":
+        optimizer.add_param_group({"params": list(module.conv.parameters())})
+    return module.conv.weight.detach().clone()
+
+
 for step in range(args.steps):
+    unfrozen = unfreeze_at(step, model, opt)
+    if unfrozen is not None:
+        unfrozen_weights = unfrozen
     frozen = freeze_at(step, model)
     if frozen is not None:
         frozen_weights = frozen
@@ -138,8 +167,9 @@ if args.checkpoint:
 if ctx.rank == 0:
     # BatchNorm normalises per forward pass, so the single process must see the same
     # per-pass batches: ranks' micro-batches, forwarded one after another.
-    ref_opt = make_optimizer(args.optimizer, reference.parameters())
+    ref_opt = make_optimizer(args.optimizer, trained(reference))
     for step in range(args.steps):
+        unfreeze_at(step, reference, ref_opt)
         freeze_at(step, reference)
         ref_opt.zero_grad()
         for r in range(ctx.size):
@@ -154,12 +184,18 @@ if ctx.rank == 0:
             ref_opt.step()
         else:
             between(reference, ref_opt, result)
+    # The options each param group steps with (a group added after wrapping took the class's defaults).
+    result["group_options"] = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups]
+                               for o in (opt, ref_opt)]
     diffs = [(a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())]
     result["max_param_diff"] = max(diffs)
     result["param_change"] = max((a - b).abs().max().item()
                                  for a, b in zip(model.parameters(), initial.parameters()))
 if args.freeze_after is not None:
     result["frozen_change"] = (model.conv.weight - frozen_weights).abs().max().item()
+if args.unfreeze_at is not None:
+    result["unfrozen_change"] = (model.conv.weight - unfrozen_weights).abs().max().item()
+result["params_digest"] = tensor_digest(model.parameters())
 result["logit_dtypes"] = sorted(result["logit_dtypes"])
 result["user_post_hook_calls"] = len(user_post_hook_calls)
 write_result(args.out, ctx.rank, result)
