@@ -407,6 +407,8 @@ _CONSEQUENCE = re.compile(r"HorovodInternalError|Horovod has been shut down|Host
 
 
 # The patched Horovod's stall inspector (scripts/patches) ends a job whose ranks all wait in mismatched collectives.
+# hvdkit's own calls that every rank must make name their first collective after themselves (hvdkit.torch.sharded).
+COLLECTIVE_CALLS = ("hk.save_checkpoint", "hk.broadcast_state")
 _DEADLOCK = re.compile(r"Deadlock: (every rank is waiting .*?)(?: Shutting Horovod down.*)?$", re.M)
 
 
@@ -466,7 +468,9 @@ def explain_failure(output: str, layout: Sequence[RankPlacement]) -> str | None:
     hosts = {p.rank: p for p in layout}
     deadlock = _DEADLOCK.search(output)
     if deadlock:
-        return f"the ranks deadlocked: {deadlock.group(1)}"
+        called = next((c for c in COLLECTIVE_CALLS if f".{c}." in deadlock.group(1)), None)
+        hint = f" {called} is collective: call it on every rank, not under `if ctx.is_main:`." if called else ""
+        return f"the ranks deadlocked: {deadlock.group(1)}{hint}"
     # A rank killed by a signal (SIGKILL, the OOM killer) prints no traceback; horovodrun's first report names it.
     reaped = _PROCESS.search(output)
     signalled = _MPI_SIGNAL.search(output) or (reaped and not 0 <= int(reaped.group(2)) <= 128)

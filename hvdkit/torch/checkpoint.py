@@ -81,7 +81,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     ctx = current()
     # A sharded optimizer's state is gathered from every rank, so each takes part before rank 0 writes.
     sharded = optimizer is not None and is_sharded(optimizer)
-    optimizer_state = gathered_state(optimizer, 0) if sharded else None
+    optimizer_state = gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None
     if not ctx.is_main:
         return False
     if optimizer is not None and not sharded:

@@ -309,7 +309,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
         return
     rank = current().rank
     if sharded.is_sharded(optimizer):                   # every rank sends its slices to the root
-        opt_state = sharded.gathered_state(optimizer, root_rank)
+        opt_state = sharded.gathered_state(optimizer, root_rank, "hk.broadcast_state")
     else:
         opt_state = optimizer.state_dict() if rank == root_rank else None
     opt_state = backend.broadcast_object(to_cpu(opt_state) if rank == root_rank else None, root_rank,

@@ -120,12 +120,13 @@ class Shards:
         return sum(v.numel() * v.element_size() for s in self.inner.state.values() for v in s.values()
                    if torch.is_tensor(v))
 
-    def state_dict(self, root: int | None = None) -> dict | None:
+    def state_dict(self, root: int | None = None, caller: str = "hvdkit.shards") -> dict | None:
         """The unsharded optimizer's state_dict, every rank's slices gathered (collective).
 
         On every rank (an allgather), or with ``root`` on that rank alone, the others returning None: a
         checkpoint's save needs it on the rank that writes, and each other rank then holds only its own
-        slices, not one more copy of the whole state (:meth:`_gather_to`)."""
+        slices, not one more copy of the whole state (:meth:`_gather_to`). ``caller`` names the first
+        collective, so that a deadlock (a save on rank 0 alone) names the call in Horovod's message."""
         packed = torch.optim.Optimizer.state_dict(self.optimizer)      # param_groups; its own state is empty
         entries, slices = [], []
         for i, view in enumerate(self.views):
@@ -136,7 +137,7 @@ class Shards:
         # Every rank must hold the same entries, or the gathering below would wait forever; and every rank must
         # have loaded the same states (a load on rank 0 alone, then broadcast_state, mixed rank 0's new slice
         # with the others' old ones, silently, where each already held state).
-        counts = hvd.allgather_object((len(entries), self.user_loads), name="hvdkit.shards.count")
+        counts = hvd.allgather_object((len(entries), self.user_loads), name=f"{caller}.sharded_state")
         if len(set(counts)) > 1:
             raise UserError(f"the ranks hold different optimizer states ((entries, loads) per rank: {counts}): with "
                             "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "
@@ -213,9 +214,12 @@ def _state_dict(self):
     return self._hvdkit_shards.state_dict()
 
 
-def gathered_state(optimizer, root: int) -> dict | None:
-    """A sharded ``optimizer``'s consolidated state_dict on rank ``root``, None on the others (collective)."""
-    return optimizer._hvdkit_shards.state_dict(root)
+def gathered_state(optimizer, root: int, caller: str = "hvdkit.shards") -> dict | None:
+    """A sharded ``optimizer``'s consolidated state_dict on rank ``root``, None on the others (collective).
+
+    ``caller`` (``"hk.save_checkpoint"``) is in the name of the first collective, which is what a deadlock
+    message shows when one rank calls it alone (under ``if ctx.is_main:``)."""
+    return optimizer._hvdkit_shards.state_dict(root, caller)
 
 
 def _load_state_dict(self, state_dict):

@@ -93,3 +93,28 @@ def test_saving_a_sharded_state_gathers_it_on_the_writing_rank_only(tmp_path, co
     state = r0["state_bytes"]      # measured after: rank 1 +0.0001x, rank 0 +1.0x (the gathered state itself)
     assert r1["peak_growth_bytes"] <= 0.1 * state, (r1["peak_growth_bytes"] / state, r1, r0)
     assert r0["peak_growth_bytes"] <= 1.2 * state, (r0["peak_growth_bytes"] / state, r1, r0)
+
+
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_a_sharded_save_on_rank_0_alone_ends_naming_the_call_and_the_fix(tmp_path, controller):
+    """hk.save_checkpoint under `if ctx.is_main:` with shard_optimizer_state: rank 0 waits for the others' slices
+    while they wait in the next step's allreduce. The patched stall inspector ends it, but the line named only
+    "allgather.hvdkit.shards.count.sz" (after 4.5 minutes at Horovod's 60 s stall check); now it names the call and
+    the fix."""
+    import time
+
+    from tests.conftest import hvdkit_launch_cmd, job_env
+
+    env = job_env(HOROVOD_STALL_CHECK_TIME_SECONDS="2")
+    start = time.time()
+    proc = run_job(hvdkit_launch_cmd(2, [WORKER, "--out", str(tmp_path), "--phase", "save-on-main",
+                                         "--ckpt", str(tmp_path / "c.pt")], controller), timeout=120, env=env)
+    took = time.time() - start
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    results = read_rank_results(tmp_path, 2, proc.stdout)
+    assert all(r["size"] == 2 and "Horovod has been shut down" in r["error"] for r in results), results
+    line = proc.stdout.strip().splitlines()[-1]
+    assert "rank 0 waits in [allgather.hk.save_checkpoint.sharded_state.sz]" in line, line
+    assert "hk.save_checkpoint is collective: call it on every rank, not under `if ctx.is_main:`." in line, line
+    assert took < 60, f"took {took:.0f}s to end"
+    assert not (tmp_path / "c.pt").exists()

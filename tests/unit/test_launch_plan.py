@@ -191,6 +191,19 @@ EXPLAINED = [
      "seconds: rank 0 waits in [a]; rank 1 waits in [b]; the ranks ran different numbers of steps or took "
      "different branches (most often: a different number of batches per rank; give every rank the same, as "
      "hvdkit's shard_arrays and distributed_loader do)."),
+    # a collective hvdkit call made on one rank alone (a sharded save under `if ctx.is_main:`): named, with the fix
+    ("[0]<stderr>:[2026-11-26 22:16:55.944: E stall_inspector.cc:105] Deadlock: every rank is waiting in a "
+     "collective that another rank never joined, for more than 60 seconds: rank 0 waits in "
+     "[allgather.hk.save_checkpoint.sharded_state.sz]; rank 1 waits in [allreduce.bias, allreduce.weight]; the "
+     "ranks ran different numbers of steps or took different branches (most often: a different number of batches "
+     "per rank; give every rank the same, as hvdkit's shard_arrays and distributed_loader do). Shutting Horovod "
+     "down (HOROVOD_STALL_MISMATCH_SHUTDOWN=0 keeps waiting).\n",
+     "the ranks deadlocked: every rank is waiting in a collective that another rank never joined, for more than 60 "
+     "seconds: rank 0 waits in [allgather.hk.save_checkpoint.sharded_state.sz]; rank 1 waits in [allreduce.bias, "
+     "allreduce.weight]; the ranks ran different numbers of steps or took different branches (most often: a "
+     "different number of batches per rank; give every rank the same, as hvdkit's shard_arrays and "
+     "distributed_loader do). hk.save_checkpoint is collective: call it on every rank, not under "
+     "`if ctx.is_main:`."),
     # TensorFlow's graph-mode error names the cause on later lines of the same traceback
     ("[0]<stderr>:Traceback (most recent call last):\n[0]<stderr>:tensorflow.python.framework.errors_impl."
      "UnknownError: Graph execution error:\n[0]<stderr>:Horovod has been shut down. This was caused by ...\n"

@@ -27,7 +27,7 @@ import hvdkit.torch.sharded as sharded_state
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
-p.add_argument("--phase", choices=["compare", "save", "resume", "refusals"], default="compare")
+p.add_argument("--phase", choices=["compare", "save", "resume", "refusals", "save-on-main"], default="compare")
 p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true", help="resume into a sharded optimizer")
 p.add_argument("--steps", type=int, default=20)
@@ -127,6 +127,21 @@ elif args.phase == "save":
     hk.save_checkpoint(args.ckpt, model, opt, epoch=0)
     train(model, opt, 5, first=5)
     result["params"] = params(model).tolist()
+elif args.phase == "save-on-main":           # a user's mistake: the save under `if ctx.is_main:`, mid-training
+    model = Net()
+    opt = make(model, True)
+    train(model, opt, 2)
+    if ctx.is_main:
+        try:
+            hk.save_checkpoint(args.ckpt, model, opt)
+        except Exception as exc:
+            write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
+            raise
+    try:
+        train(model, opt, 2, first=2)
+    except Exception as exc:
+        write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
+        raise
 elif args.phase == "refusals":
     model = Net()
     cases = {
