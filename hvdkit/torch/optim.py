@@ -103,6 +103,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     # momentum or weight decay), not the ones the script gave: a group added later (add_param_group, as
     # Lightning's BaseFinetuning unfreezes) silently took those. Keep the script's.
     wrapped.defaults = dict(optimizer.defaults)
+    type(wrapped).zero_grad = _zero_grad      # Horovod's class only: it made this class for this optimizer alone
     # Horovod builds a new optimizer from param_groups, which drops any state
     # the original already had (momentum, Adam moments, e.g. loaded before
     # wrapping). Carry it over.
@@ -117,6 +118,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         sharded.shard(wrapped, ctx.rank, ctx.size)
     check_weights_after_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
+
+
+def _zero_grad(self, set_to_none: bool = True) -> None:
+    """Horovod's zero_grad, with torch's ``set_to_none`` (Horovod's takes no argument: a TypeError)."""
+    if self._handles:
+        raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                             "or optimizer.synchronize(): that races with the allreduces in flight")
+    type(self).__bases__[0].zero_grad(self, set_to_none=set_to_none)
 
 
 class _AverageWhenBackwardReturns:

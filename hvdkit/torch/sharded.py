@@ -105,8 +105,11 @@ class Shards:
                 raise UserError("shard_optimizer_state needs dense gradients, but a parameter got a sparse one "
                                 "(nn.Embedding(sparse=True)): use a dense embedding, or leave sharding off")
             view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
-            if p.requires_grad:                 # the same on every rank (hvdkit's rule for freezing), so every
-                shared.append((p, view))        # rank joins the same allgather even where a grad is missing
+            # The same on every rank (hvdkit's rule for freezing), so every rank joins the same allgather even
+            # where a gradient is missing. A frozen parameter still holding a gradient (zeros, after
+            # zero_grad(set_to_none=False)) is stepped too, as in one process (momentum, weight decay).
+            if p.requires_grad or p.grad is not None:
+                shared.append((p, view))
         self.inner.step()
         if shared:
             gathered = hvd.grouped_allgather([view.contiguous() for _, view in shared], name="hvdkit.shards")

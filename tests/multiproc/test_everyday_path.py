@@ -44,6 +44,26 @@ def test_parameters_frozen_mid_training_stay_put_as_in_one_process(launch):
     assert r0["max_param_diff"] < 1e-7
 
 
+@pytest.mark.parametrize("controller,shard,zero_grad", [("gloo", True, "zeros"), ("mpi", True, "zeros"),
+                                                       ("mpi", False, "none")])
+def test_a_layer_frozen_mid_training_moves_as_in_one_process_whatever_zero_grad_left(tmp_path, controller, shard,
+                                                                                      zero_grad):
+    # zero_grad(set_to_none=True) raised a TypeError (Horovod's zero_grad takes no argument). With
+    # set_to_none=False a frozen layer keeps a zero gradient, and one process's SGD still moves it (momentum,
+    # weight decay); sharded, each rank moved only its own slice and nothing gathered it: the ranks held
+    # different weights, silently (found by a helper trying fine-tuning scripts).
+    argv = [str(WORKERS / "torch_equivalence.py"), "--out", str(tmp_path), "--optimizer", "sgd", "--steps", "4",
+            "--freeze-after", "2", "--zero-grad", zero_grad] + (["--shard"] if shard else [])
+    proc = run_job(horovodrun_cmd(2, argv, controller), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    r0, r1 = read_rank_results(tmp_path, 2, proc.stdout)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["params_digest"] == r1["params_digest"]
+    assert r0["max_param_diff"] < 1e-7, r0["max_param_diff"]
+    assert (r0["frozen_change"] > 1e-4) if zero_grad == "zeros" else (r0["frozen_change"] == 0.0), r0
+    assert WARNING.findall(proc.stdout) == [], proc.stdout[-3000:]
+
+
 @pytest.mark.parametrize("controller,how,shard,optimizer,micro", [
     ("gloo", "requires-grad", False, "sgd", 1),
     ("mpi", "add-group", False, "adam", 2),         # with accumulation: unfrozen between two passes' hooks

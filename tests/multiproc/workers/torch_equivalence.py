@@ -32,7 +32,10 @@ p.add_argument("--unfreeze-at", type=int, default=None,
 p.add_argument("--unfreeze-how", choices=["requires-grad", "add-group"], default="requires-grad",
                help="add-group: the conv layer is also left out of the optimizer and added with add_param_group")
 p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
+p.add_argument("--zero-grad", choices=["default", "none", "zeros"], default="default",
+               help="zero_grad(), zero_grad(set_to_none=True), or zero_grad(set_to_none=False), on both sides")
 args = p.parse_args()
+ZERO_GRAD = {"default": {}, "none": {"set_to_none": True}, "zeros": {"set_to_none": False}}[args.zero_grad]
 
 ctx = hk.init(threads=1)
 # float64, so that 1e-5 measures the algorithm rather than float32 summation order
@@ -148,7 +151,7 @@ for step in range(args.steps):
     ys = y_all[step, ctx.rank * B:(ctx.rank + 1) * B]
     if args.abort_first and step == 0:
         abort_a_backward(xs, ys)
-    opt.zero_grad()
+    opt.zero_grad(**ZERO_GRAD)
     if args.amp:                # the one-liner: scale, backward, synchronize, unscale, clip, step
         hk.step(opt, F.cross_entropy(forward(model, xs), ys), scaler=scaler, max_grad_norm=CLIP)
         continue
@@ -171,7 +174,7 @@ if ctx.rank == 0:
     for step in range(args.steps):
         unfreeze_at(step, reference, ref_opt)
         freeze_at(step, reference)
-        ref_opt.zero_grad()
+        ref_opt.zero_grad(**ZERO_GRAD)
         for r in range(ctx.size):
             for m in range(k):
                 lo = r * B + m * B // k
