@@ -214,6 +214,12 @@ class _AverageWhenBackwardReturns:
         opt = self.optimizer
         fresh = [(gi, pi, p) for gi, g in enumerate(opt.param_groups) for pi, p in enumerate(g["params"])
                  if p.requires_grad and p not in opt._requires_update]
+        if not fresh:
+            return []
+        # Where the others stand in the window of backward_passes_per_step passes (the fewest passes left):
+        # unfrozen between two of its passes, a parameter's allreduce starts with theirs, not one window later.
+        left = min((opt._allreduce_delay[q] for q in self._averaged_now() if q in opt._handles),
+                   default=opt.backward_passes_per_step - 1)
         for gi, pi, p in fresh:
             opt._parameter_names.setdefault(p, f"hvdkit.added.{gi}.{pi}")    # added with a group, unnamed
             opt._allreduce_delay[p] = opt.backward_passes_per_step
@@ -229,6 +235,7 @@ class _AverageWhenBackwardReturns:
             for watch in opt._hvdkit_accumulator_hooks:
                 watch(p, accumulator)
             if p.grad is not None:                    # this pass's gradient, accumulated before the hook
+                opt._allreduce_delay[p] = left + 1
                 hook()
         return [p for _, _, p in fresh]
 

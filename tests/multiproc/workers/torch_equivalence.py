@@ -31,6 +31,8 @@ p.add_argument("--unfreeze-at", type=int, default=None,
                help="start with the conv layer frozen (requires_grad=False) and unfreeze it before this step")
 p.add_argument("--unfreeze-how", choices=["requires-grad", "add-group"], default="requires-grad",
                help="add-group: the conv layer is also left out of the optimizer and added with add_param_group")
+p.add_argument("--unfreeze-micro", type=int, default=0,
+               help="unfreeze before this micro-batch of the step (between two backward passes of one window)")
 p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
 p.add_argument("--zero-grad", choices=["default", "none", "zeros"], default="default",
                help="zero_grad(), zero_grad(set_to_none=True), or zero_grad(set_to_none=False), on both sides")
@@ -130,9 +132,9 @@ def freeze_at(step, module):
     return module.conv.weight.detach().clone()
 
 
-def unfreeze_at(step, module, optimizer):
+def unfreeze_at(step, module, optimizer, micro=0):
     """Unfreeze the conv layer mid-training (gradual unfreezing); returns its weights when it does."""
-    if step != args.unfreeze_at:
+    if (step, micro) != (args.unfreeze_at, args.unfreeze_micro):
         return None
     module.conv.requires_grad_(True)
     if args.unfreeze_how == "add-group":
@@ -156,6 +158,8 @@ for step in range(args.steps):
         hk.step(opt, F.cross_entropy(forward(model, xs), ys), scaler=scaler, max_grad_norm=CLIP)
         continue
     for m in range(k):          # k micro-batches of B/k; loss / k so the accumulated sum is a mean
+        if m and (unfrozen := unfreeze_at(step, model, opt, m)) is not None:
+            unfrozen_weights = unfrozen
         sl = slice(m * B // k, (m + 1) * B // k)
         (F.cross_entropy(forward(model, xs[sl]), ys[sl]) / k).backward()
     between(model, opt, mine)
@@ -175,8 +179,10 @@ if ctx.rank == 0:
         unfreeze_at(step, reference, ref_opt)
         freeze_at(step, reference)
         ref_opt.zero_grad(**ZERO_GRAD)
-        for r in range(ctx.size):
-            for m in range(k):
+        for m in range(k):      # micro-batch by micro-batch, as the ranks unfreeze (each its own pass)
+            if m:
+                unfreeze_at(step, reference, ref_opt, m)
+            for r in range(ctx.size):
                 lo = r * B + m * B // k
                 hi = r * B + (m + 1) * B // k
                 loss = F.cross_entropy(forward(reference, x_all[step, lo:hi]), y_all[step, lo:hi]) / (k * ctx.size)
