@@ -144,9 +144,9 @@ class _AverageWhenBackwardReturns:
     and ``step()`` then find nothing left to wait for.
 
     Parameters that get no gradient in a pass (unused, or frozen by hand
-    while still ``requires_grad``) are reduced in ``step()``, as Horovod does,
-    with a one-time warning that names them, since the guarantee did not
-    hold. Parameters frozen with ``requires_grad=False`` after the optimizer
+    while still ``requires_grad``) are averaged as zeros, as Horovod does,
+    when the outermost backward pass ends, with a one-time warning that names
+    them (one process would leave them alone). Parameters frozen with ``requires_grad=False`` after the optimizer
     was wrapped are left out of the averaging, as DDP leaves them: Horovod
     would give them a zero gradient, which momentum and weight decay then
     turn into a move; untouched, their ``grad`` stays None and the optimizer
@@ -200,6 +200,15 @@ class _AverageWhenBackwardReturns:
         self._hook_new_parameters()
         if self._started():
             self.synchronize()
+        elif torch._C._current_autograd_node() is None and self._window_over():
+            # The outermost pass (a reentrant checkpoint's inner ones run inside an autograd node) ended a window
+            # with some parameters given no gradient (unused): the others' allreduces write into .grad in place,
+            # so a clip_grad_norm_ before step() raced with them (results changed from run to run). Average now.
+            self.synchronize()
+
+    def _window_over(self) -> bool:
+        """An allreduce started in this window: the backward_passes_per_step-th pass has run."""
+        return any(handle is not None for handle, _ in self.optimizer._handles.values())
 
     def _hook_new_parameters(self) -> list:
         """Average parameters that need a gradient since wrapping: given requires_grad=True, or add_param_group.
@@ -248,9 +257,9 @@ class _AverageWhenBackwardReturns:
         if missing and not self.warned and any(h is not None for h, _ in self.optimizer._handles.values()):
             self.warned = True      # a pass started allreduces but not all of them: some parameters got no gradient
             names = sorted(self.optimizer._parameter_names[p] for p in missing)
-            log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s%s), so gradients were "
-                        "averaged in step(), not when backward() returned: clipping or reading them in between saw "
-                        "this rank's own; set requires_grad=False on parameters that are not used",
+            log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s%s), so Horovod "
+                        "averages a zero gradient for them, which momentum and weight decay turn into a move (one "
+                        "process leaves them alone); set requires_grad=False on parameters that are not used",
                         len(names), ", ".join(names[:3]), ", ..." if len(names) > 3 else "")
         started = time.perf_counter()
         everything = self.optimizer._requires_update

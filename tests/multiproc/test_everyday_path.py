@@ -34,6 +34,28 @@ def test_a_parameter_without_gradient_is_still_warned_about_by_name(launch):
         assert len(r["warnings"]) == 1 and r["warnings"][0].startswith(expected), r["warnings"]
 
 
+@pytest.mark.parametrize("controller,activation_checkpoint", [("mpi", "none"), ("gloo", "none"),
+                                                              ("mpi", "reentrant"), ("gloo", "non-reentrant")])
+def test_an_unused_parameter_does_not_leave_the_clip_racing_with_the_allreduces(tmp_path, controller,
+                                                                                activation_checkpoint):
+    # With a parameter that got no gradient, the averaging waited for step(): clip_grad_norm_ between backward and
+    # step scaled the gradients in place while the other parameters' allreduces were still writing into them.
+    argv = [str(WORKERS / "torch_equivalence.py"), "--out", str(tmp_path), "--optimizer", "sgd", "--steps", "4",
+            "--unused", "--between", "clip", "--activation-checkpoint", activation_checkpoint]
+    # Reentrant checkpointing runs conv's backward as a backward pass of its own, inside the outer one: the
+    # averaging must wait for the outer pass, or conv's gradient would be taken as missing (averaged as zeros).
+    proc = run_job(horovodrun_cmd(2, argv, controller), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    r0, r1 = read_rank_results(tmp_path, 2, proc.stdout)
+    assert r0["size"] == r1["size"] == 2
+    assert r0["params_digest"] == r1["params_digest"]
+    assert r0["max_param_diff"] < 1e-7, r0["max_param_diff"]
+    assert r0["my_clip_norms"] == pytest.approx(r0["clip_norms"], rel=1e-9)
+    warned = WARNING.findall(proc.stdout)          # once per rank, naming the unused layer
+    assert len(warned) == 2 and all("got no gradient in the last backward pass (spare.bias, spare.weight)" in w
+                                    for w in warned), proc.stdout[-3000:]
+
+
 def test_parameters_frozen_mid_training_stay_put_as_in_one_process(launch):
     # Case 2: requires_grad=False after two steps; Horovod reduced a zero gradient for the frozen layer, and
     # momentum and weight decay moved it (max |dW| 0.29 on 2 ranks, 0 in one process and under DDP).

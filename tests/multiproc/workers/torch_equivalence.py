@@ -5,6 +5,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from rank_results import write_result
 from torch_common import SmallNet, make_optimizer, tensor_digest
 
@@ -33,6 +34,9 @@ p.add_argument("--unfreeze-how", choices=["requires-grad", "add-group"], default
                help="add-group: the conv layer is also left out of the optimizer and added with add_param_group")
 p.add_argument("--unfreeze-micro", type=int, default=0,
                help="unfreeze before this micro-batch of the step (between two backward passes of one window)")
+p.add_argument("--activation-checkpoint", choices=["none", "reentrant", "non-reentrant"], default="none",
+               help="torch.utils.checkpoint around conv and BatchNorm, on both sides")
+p.add_argument("--unused", action="store_true", help="a layer in the model and the optimizer that forward never uses")
 p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
 p.add_argument("--zero-grad", choices=["default", "none", "zeros"], default="default",
                help="zero_grad(), zero_grad(set_to_none=True), or zero_grad(set_to_none=False), on both sides")
@@ -50,6 +54,8 @@ x_all = torch.randn(args.steps, ctx.size * B, 1, 8, 8)
 y_all = torch.randint(0, 10, (args.steps, ctx.size * B))
 
 model = SmallNet()
+if args.unused:
+    model.spare = torch.nn.Linear(4, 4)         # in the optimizer, never in forward: no gradient on any rank
 if args.unfreeze_at is not None:
     model.conv.requires_grad_(False)
 reference = copy.deepcopy(model)
@@ -80,7 +86,13 @@ result = {"rank": ctx.rank, "size": ctx.size}
 
 def forward(module, x):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-        out = module(x)
+        if args.activation_checkpoint == "none":
+            out = module(x)
+        else:                   # conv + BatchNorm recomputed in backward; reentrant runs it as a backward of its own
+            inner = torch.utils.checkpoint.checkpoint(lambda t: torch.relu(module.bn(module.conv(t))),
+                                                      x.clone().requires_grad_(True),
+                                                      use_reentrant=args.activation_checkpoint == "reentrant")
+            out = module.fc(inner.flatten(1))
     result.setdefault("logit_dtypes", set()).add(str(out.dtype))
     return out.float() if args.autocast else out
 
@@ -196,7 +208,9 @@ if ctx.rank == 0:
     # The options each param group steps with (a group added after wrapping took the class's defaults).
     result["group_options"] = [[{k: v for k, v in g.items() if k != "params"} for g in o.param_groups]
                                for o in (opt, ref_opt)]
-    diffs = [(a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters())]
+    # The used parameters (--unused: Horovod averages zeros for the spare layer, which weight decay then moves).
+    diffs = [(a - b).abs().max().item() for (name, a), b in zip(model.named_parameters(), reference.parameters())
+             if not name.startswith("spare.")]
     result["max_param_diff"] = max(diffs)
     result["param_change"] = max((a - b).abs().max().item()
                                  for a, b in zip(model.parameters(), initial.parameters()))
