@@ -166,6 +166,9 @@ class _AverageWhenBackwardReturns:
         self.horovod_synchronize = type(optimizer).synchronize
         self.task = None                             # the graph task a callback was last queued on
         self.averaged = False
+        # Averaged at the end of a reentrant checkpoint's inner pass, inside the outer one: the outer pass's end
+        # counts them as averaged (a weight used inside the checkpoint and outside it gets a second allreduce).
+        self.nested_done: set = set()
         self.warned = False
         self.hooked = bool(optimizer._grad_accs)     # Horovod registers no hooks at size 1 (unless elastic)
         for accumulator in optimizer._grad_accs:
@@ -174,6 +177,7 @@ class _AverageWhenBackwardReturns:
         optimizer._hvdkit_accumulator_hooks = [lambda _p, accumulator: accumulator.register_hook(
             self._after_accumulation)]
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
+        optimizer.register_step_post_hook(lambda *_: self.nested_done.clear())
 
     def _after_accumulation(self, *_):
         # Runs after Horovod's hook on the same accumulator, so its allreduce has started.
@@ -183,13 +187,17 @@ class _AverageWhenBackwardReturns:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _averaged_now(self) -> set:
-        """The parameters this step averages: Horovod's list, less those frozen (requires_grad=False) since."""
-        return {p for p in self.optimizer._requires_update if p.requires_grad}
+        """The parameters this step averages: Horovod's list, less those frozen (requires_grad=False) since,
+        unless they got a gradient earlier in this window (frozen between two of its passes: one process
+        applies that gradient, so the ranks must apply its average)."""
+        handles = self.optimizer._handles
+        return {p for p in self.optimizer._requires_update if p.requires_grad or p in handles}
 
     def _not_started(self) -> list:
         """Parameters to average whose allreduce has not started (no gradient in this pass yet)."""
         handles = self.optimizer._handles
-        return [p for p in self._averaged_now() if handles.get(p, (None, None))[0] is None]
+        return [p for p in self._averaged_now() if handles.get(p, (None, None))[0] is None
+                and not (p in self.nested_done and p not in handles)]
 
     def _started(self) -> bool:
         """Every parameter's allreduce has started (the k-th of k accumulated passes has reached them all)."""
@@ -198,13 +206,18 @@ class _AverageWhenBackwardReturns:
     def _end_of_backward(self) -> None:
         self.task = None
         self._hook_new_parameters()
+        outermost = torch._C._current_autograd_node() is None   # a reentrant checkpoint's inner passes run in a node
         if self._started():
             self.synchronize()
-        elif torch._C._current_autograd_node() is None and self._window_over():
-            # The outermost pass (a reentrant checkpoint's inner ones run inside an autograd node) ended a window
-            # with some parameters given no gradient (unused): the others' allreduces write into .grad in place,
-            # so a clip_grad_norm_ before step() raced with them (results changed from run to run). Average now.
+            if not outermost:
+                self.nested_done |= self._averaged_now()
+        elif outermost and self._window_over():
+            # The outermost pass ended a window with some parameters given no gradient (unused): the others'
+            # allreduces write into .grad in place, so a clip_grad_norm_ before step() raced with them (results
+            # changed from run to run). Average now.
             self.synchronize()
+        if outermost:
+            self.nested_done.clear()
 
     def _window_over(self) -> bool:
         """An allreduce started in this window: the backward_passes_per_step-th pass has run."""
@@ -253,8 +266,9 @@ class _AverageWhenBackwardReturns:
         fresh = self._hook_new_parameters()
         if self.averaged and not self.optimizer._handles:
             return
-        missing = self._not_started()
-        if missing and not self.warned and any(h is not None for h, _ in self.optimizer._handles.values()):
+        handles = self.optimizer._handles
+        missing = [p for p in self._not_started() if p not in handles]   # no gradient in any pass of the window
+        if missing and not self.warned and any(h is not None for h, _ in handles.values()):
             self.warned = True      # a pass started allreduces but not all of them: some parameters got no gradient
             names = sorted(self.optimizer._parameter_names[p] for p in missing)
             log.warning("hvdkit: %d parameter(s) got no gradient in the last backward pass (%s%s), so Horovod "
@@ -269,7 +283,9 @@ class _AverageWhenBackwardReturns:
         for p in frozen:
             self.optimizer._handles.pop(p, None)
         # Averaged when the last backward returned, but for parameters hooked only now: those alone are left.
-        self.optimizer._requires_update = set(fresh) - frozen if self.averaged else everything - frozen
+        # Averaged at a reentrant checkpoint's inner end: only those with a gradient since (in handles) are left.
+        left = set(fresh) if self.averaged else everything - (self.nested_done - set(handles))
+        self.optimizer._requires_update = left - frozen
         try:
             self.horovod_synchronize(self.optimizer)
         finally:

@@ -28,6 +28,8 @@ p.add_argument("--abort-first", action="store_true",
 p.add_argument("--checkpoint", help="save after training, then load into a plain (uncompiled) SmallNet")
 p.add_argument("--freeze-after", type=int, default=None,
                help="set requires_grad=False on the conv layer before this step, on both sides")
+p.add_argument("--freeze-micro", type=int, default=0,
+               help="freeze before this micro-batch of the step (between two backward passes of one window)")
 p.add_argument("--unfreeze-at", type=int, default=None,
                help="start with the conv layer frozen (requires_grad=False) and unfreeze it before this step")
 p.add_argument("--unfreeze-how", choices=["requires-grad", "add-group"], default="requires-grad",
@@ -36,6 +38,8 @@ p.add_argument("--unfreeze-micro", type=int, default=0,
                help="unfreeze before this micro-batch of the step (between two backward passes of one window)")
 p.add_argument("--activation-checkpoint", choices=["none", "reentrant", "non-reentrant"], default="none",
                help="torch.utils.checkpoint around conv and BatchNorm, on both sides")
+p.add_argument("--shared-outside", action="store_true",
+               help="conv's weight also used before the checkpoint (as a tied embedding is): two passes accumulate it")
 p.add_argument("--unused", action="store_true", help="a layer in the model and the optimizer that forward never uses")
 p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
 p.add_argument("--zero-grad", choices=["default", "none", "zeros"], default="default",
@@ -89,8 +93,8 @@ def forward(module, x):
         if args.activation_checkpoint == "none":
             out = module(x)
         else:                   # conv + BatchNorm recomputed in backward; reentrant runs it as a backward of its own
-            inner = torch.utils.checkpoint.checkpoint(lambda t: torch.relu(module.bn(module.conv(t))),
-                                                      x.clone().requires_grad_(True),
+            x = x + 0.1 * module.conv.weight.mean() if args.shared_outside else x.clone().requires_grad_(True)
+            inner = torch.utils.checkpoint.checkpoint(lambda t: torch.relu(module.bn(module.conv(t))), x,
                                                       use_reentrant=args.activation_checkpoint == "reentrant")
             out = module.fc(inner.flatten(1))
     result.setdefault("logit_dtypes", set()).add(str(out.dtype))
@@ -136,9 +140,9 @@ def abort_a_backward(xs, ys):
     opt.zero_grad()
 
 
-def freeze_at(step, module):
+def freeze_at(step, module, micro=0):
     """Freeze the conv layer mid-training, as a fine-tuning script does; returns its weights when it does."""
-    if step != args.freeze_after:
+    if (step, micro) != (args.freeze_after, args.freeze_micro):
         return None
     module.conv.requires_grad_(False)
     return module.conv.weight.detach().clone()
@@ -172,6 +176,8 @@ for step in range(args.steps):
     for m in range(k):          # k micro-batches of B/k; loss / k so the accumulated sum is a mean
         if m and (unfrozen := unfreeze_at(step, model, opt, m)) is not None:
             unfrozen_weights = unfrozen
+        if m and (frozen := freeze_at(step, model, m)) is not None:
+            frozen_weights = frozen
         sl = slice(m * B // k, (m + 1) * B // k)
         (F.cross_entropy(forward(model, xs[sl]), ys[sl]) / k).backward()
     between(model, opt, mine)
@@ -194,6 +200,7 @@ if ctx.rank == 0:
         for m in range(k):      # micro-batch by micro-batch, as the ranks unfreeze (each its own pass)
             if m:
                 unfreeze_at(step, reference, ref_opt, m)
+                freeze_at(step, reference, m)
             for r in range(ctx.size):
                 lo = r * B + m * B // k
                 hi = r * B + (m + 1) * B // k
