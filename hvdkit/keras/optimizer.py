@@ -75,10 +75,10 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     :func:`broadcast_state`, raises instead of training the ranks apart.
     """
     ctx = current()
-    op, compression = reduce_options(op, compression)
+    b = backend()
+    op, compression = reduce_options(op, compression, on_mpi=ctx.size == 1 or bool(b.hvd.mpi_enabled()))
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
-    b = backend()
     b.compression(compression)     # a Horovod built before bf16 says so here, not inside fit's first step
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras

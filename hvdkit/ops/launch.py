@@ -424,7 +424,10 @@ def first_exception(output: str) -> tuple[int, str] | None:
     blocks: list[tuple[int, list[str]]] = []           # (rank, lines) in order of each block's first line
     open_block: dict[int, list[str]] = {}
     for match in _TAGGED.finditer(output):
-        rank, text = int(match.group(1)), match.group(2).strip()
+        rank = int(match.group(1))
+        # mpirun tags each write, so a line written in pieces (an exception's type, then its message) carries
+        # the rank's tag again inside it.
+        text = re.sub(rf"\[(?:\d+,)?{rank}\]<std(?:out|err)>:", "", match.group(2)).strip()
         if not text:
             continue
         chained = any(line.startswith(("The above exception", "During handling of the above"))

@@ -19,8 +19,9 @@ from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.topology import Topology
 
 
-def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
-    """``op`` and ``compression`` as both adapters take them (any case), lower-cased; a UserError naming the choices."""
+def reduce_options(op: str, compression: str = "none", *, on_mpi: bool = True) -> tuple[str, str]:
+    """``op`` and ``compression`` as both adapters take them (any case), lower-cased; a UserError naming the choices.
+    ``on_mpi``: the job's controller is MPI (or it has one rank), which Horovod's Adasum needs."""
     op_l, compression_l = str(op).lower(), str(compression).lower()
     if op_l not in GRADIENT_OPS or compression_l not in COMPRESSIONS:
         what = f"unknown op {op!r}" if op_l not in GRADIENT_OPS else f"unknown compression {compression!r}"
@@ -30,6 +31,11 @@ def reduce_options(op: str, compression: str = "none") -> tuple[str, str]:
         # Horovod's Adasum kernels (adasum.h) have no bfloat16 case: every step would fail.
         raise UserError("op='adasum' cannot take compression='bf16' (Horovod's Adasum has no bfloat16): "
                         "use compression='fp16' or 'none' with Adasum, or op='average' with bf16")
+    if op_l == "adasum" and not on_mpi:
+        # Horovod implements Adasum over MPI only (its GPU path too): on Gloo every step raised
+        # "HorovodInternalError: No Adasum operation enabled" from inside the first backward pass.
+        raise UserError("op='adasum' needs the MPI controller and this job runs on Gloo (Horovod has no Adasum on "
+                        "Gloo): launch with hvdkit launch's default or horovodrun --mpi, or use op='average'")
     return op_l, compression_l
 
 

@@ -66,7 +66,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         raise UserError(f"the second argument must be the model (torch.nn.Module), got {type(model).__name__}: "
                         "call DistributedOptimizer(optimizer, model)")
     model = plain_module(model)             # the same names whether compiled or not
-    op, compression = reduce_options(op, compression)
+    backend = context.backend(ADAPTER)
+    op, compression = reduce_options(op, compression, on_mpi=ctx.size == 1 or bool(backend.hvd.mpi_enabled()))
     if backward_passes_per_step < 1:
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if shard_optimizer_state:
@@ -88,7 +89,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                     f"parameter {names[id(p)]!r} is on {p.device} but this rank's device is {ctx.device}: "
                     "call model.to(ctx.device) before creating the optimizer"
                 )
-    backend = context.backend(ADAPTER)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
@@ -113,6 +113,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         _AverageWhenBackwardReturns(wrapped)
         if check_finite and wrapped._grad_accs:   # none at size 1: nothing to spread
             NonFiniteCheck(wrapped)
+    else:
+        _mark_adasum_local_steps(wrapped)
     # One process shards nothing, unless it is an elastic job's, which may grow.
     if shard_optimizer_state and (ctx.size > 1 or topology.is_elastic()):
         sharded.shard(wrapped, ctx.rank, ctx.size)
@@ -299,6 +301,40 @@ class _AverageWhenBackwardReturns:
         self.averaged = True
 
 
+def _mark_adasum_local_steps(optimizer: torch.optim.Optimizer) -> None:
+    """Tell step hooks Adasum's local steps from the step a script calls.
+
+    Horovod's Adasum steps the wrapped optimizer once per parameter, from its gradient hook during backward
+    (and from ``step()`` for parameters without one), to take that rank's own change, and combines the changes
+    in ``step()``. Torch runs the optimizer's step hooks on those local steps too: the first-step weights check
+    then compared each rank's own update and stopped every Adasum job at step 1, blaming the broadcast.
+    ``optimizer._hvdkit_local_step`` is True while one runs. Parameters that need a gradient only after wrapping
+    would never be combined (Horovod hooks what required one then): the script's step stops, naming them."""
+    local = optimizer._allreduce_grad_async
+    optimizer._hvdkit_local_step = False
+
+    def local_step(p):
+        optimizer._hvdkit_local_step = True
+        try:
+            return local(p)
+        finally:
+            optimizer._hvdkit_local_step = False
+
+    def before_step(opt, args, kwargs):
+        if opt._hvdkit_local_step or not opt._grad_accs:     # none at size 1: nothing is combined
+            return
+        unhooked = [opt._parameter_names.get(p, "an unnamed parameter") for g in opt.param_groups
+                    for p in g["params"] if p.requires_grad and p not in opt._requires_update]
+        if unhooked:
+            raise UserError(f"{len(unhooked)} parameter(s) need a gradient since DistributedOptimizer(op='adasum') "
+                            f"wrapped the optimizer ({', '.join(sorted(unhooked)[:3])}), and Adasum combines only "
+                            "those it hooked then, so each rank would keep its own: unfreeze them before wrapping, "
+                            "or use op='average'")
+
+    optimizer._allreduce_grad_async = local_step
+    optimizer.register_step_pre_hook(before_step)
+
+
 BROADCAST_FIX = "call hk.broadcast_state(model, optimizer) after DistributedOptimizer, before the first step"
 
 
@@ -319,7 +355,7 @@ def check_weights_after_first_step(optimizer: torch.optim.Optimizer) -> None:
     def after_step(opt, args, kwargs):
         # Torch runs post-hooks twice per step under Horovod (its class and the original's step are both
         # hooked), and removing a hook while they run breaks a user's own post-hook: a flag, not remove().
-        if done:
+        if done or getattr(opt, "_hvdkit_local_step", False):    # Adasum's per-parameter local steps: not yet
             return
         done.append(True)
         # A generator: one parameter at a time on the host, no float64 copy of the whole model.

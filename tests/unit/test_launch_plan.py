@@ -220,6 +220,10 @@ EXPLAINED = [
      "rank 3 on b, local rank 1 ended first: killed by SIGKILL"),
     ("[0]<stderr>:SystemExit: 75\nProcess name: 0\nExit code: 75\n", "rank 0 on a, local rank 0 ended first: "
                                                                       "exit status 75"),
+    # mpirun tags each write: an exception's type and its message, written apart, carry the tag twice
+    ("[1,1]<stderr>:Traceback (most recent call last):\n[1,1]<stderr>:hvdkit.common.errors.UserError: "
+     "[1,1]<stderr>:2 parameter(s) need a gradient\n  Process name: [[29678,1],1]\n  Exit code:    1\n",
+     "rank 1 on a, local rank 1 failed first: hvdkit.common.errors.UserError: 2 parameter(s) need a gradient"),
 ]
 
 

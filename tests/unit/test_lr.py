@@ -86,3 +86,11 @@ def test_bf16_compression_on_a_horovod_built_before_the_patch_says_rebuild():
     assert reduce_options("average", "BF16") == ("average", "bf16")
     with pytest.raises(UserError, match=r"op='adasum' cannot take compression='bf16'.*use compression='fp16'"):
         reduce_options("adasum", "bf16")
+
+
+def test_adasum_on_gloo_names_the_controller_it_needs():
+    # Horovod has Adasum over MPI only: on Gloo the first backward pass raised "No Adasum operation enabled".
+    assert reduce_options("adasum", on_mpi=True) == ("adasum", "none")
+    assert reduce_options("average", on_mpi=False) == ("average", "none")
+    with pytest.raises(UserError, match=r"op='adasum' needs the MPI controller.*horovodrun --mpi.*op='average'"):
+        reduce_options("Adasum", on_mpi=False)

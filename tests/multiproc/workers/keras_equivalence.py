@@ -16,6 +16,7 @@ import hvdkit.keras as hk
 p = argparse.ArgumentParser()
 p.add_argument("--optimizer", choices=["sgd", "adam"], required=True)
 p.add_argument("--loop", choices=["fit", "custom"], default="fit")
+p.add_argument("--op", choices=["average", "adasum"], default="average")
 p.add_argument("--unsharded", action="store_true", help="give every rank the same data (expect a warning)")
 args = parse_args(p)
 
@@ -64,7 +65,7 @@ loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 model = build(100 + ctx.rank)
 initial = [w.copy() for w in model.get_weights()]
-opt = hk.DistributedOptimizer(make_optimizer())
+opt = hk.DistributedOptimizer(make_optimizer(), op=args.op)
 after_first = {}
 
 
