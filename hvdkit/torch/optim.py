@@ -67,7 +67,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                         "call DistributedOptimizer(optimizer, model)")
     model = plain_module(model)             # the same names whether compiled or not
     backend = context.backend(ADAPTER)
-    op, compression = reduce_options(op, compression, on_mpi=ctx.size == 1 or bool(backend.hvd.mpi_enabled()))
+    # An elastic job runs on Gloo whatever its size: one that starts on one worker would fail once others join.
+    on_mpi = bool(backend.hvd.mpi_enabled()) or (ctx.size == 1 and not topology.is_elastic())
+    op, compression = reduce_options(op, compression, on_mpi=on_mpi)
     if backward_passes_per_step < 1:
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if shard_optimizer_state:
@@ -124,6 +126,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
 
 def _zero_grad(self, set_to_none: bool = True) -> None:
     """Horovod's zero_grad, with torch's ``set_to_none`` (Horovod's takes no argument: a TypeError)."""
+    if getattr(self, "_hvdkit_average", None) is not None:
+        self._hvdkit_average.nested_done.clear()      # a new window, even after a backward that raised
     if self._handles:
         raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                              "or optimizer.synchronize(): that races with the allreduces in flight")
@@ -180,6 +184,7 @@ class _AverageWhenBackwardReturns:
             self._after_accumulation)]
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
         optimizer.register_step_post_hook(lambda *_: self.nested_done.clear())
+        optimizer._hvdkit_average = self
 
     def _after_accumulation(self, *_):
         # Runs after Horovod's hook on the same accumulator, so its allreduce has started.
@@ -269,6 +274,12 @@ class _AverageWhenBackwardReturns:
         if self.averaged and not self.optimizer._handles:
             return
         handles = self.optimizer._handles
+        twice = [p for p in self.nested_done if p in handles]
+        if twice and getattr(self.optimizer, "_hvdkit_op", "average") == "sum":
+            # Its gradient, already summed at the inner pass's end, would be summed again with the rest: N times it.
+            raise UserError(f"{self.optimizer._parameter_names.get(twice[0], 'a parameter')!r} got gradients in a "
+                            "reentrant activation checkpoint's backward and outside it, which op='sum' would add up "
+                            "size times: use op='average', or torch.utils.checkpoint(..., use_reentrant=False)")
         missing = [p for p in self._not_started() if p not in handles]   # no gradient in any pass of the window
         if missing and not self.warned and any(h is not None for h, _ in handles.values()):
             self.warned = True      # a pass started allreduces but not all of them: some parameters got no gradient

@@ -74,6 +74,18 @@ def test_a_weight_used_inside_a_reentrant_checkpoint_and_before_it_is_averaged_w
     assert WARNING.findall(output) == [], output[-3000:]
 
 
+def test_op_sum_with_a_weight_shared_across_a_reentrant_checkpoint_stops_naming_the_fix(tmp_path):
+    # The inner pass's end sums the weight's first gradient; the outer pass adds this rank's second part to that
+    # sum and Horovod sums it all again: size times the first part, silently (average is linear: exact).
+    argv = [str(WORKERS / "torch_equivalence.py"), "--out", str(tmp_path), "--optimizer", "sgd", "--steps", "2",
+            "--activation-checkpoint", "reentrant", "--shared-outside", "--op", "sum"]
+    proc = run_job(horovodrun_cmd(2, argv, "mpi"), timeout=180)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    output = re.sub(r"\[[\d,]+\]<std(?:out|err)>:", "", proc.stdout)
+    assert "UserError: 'conv.weight' got gradients in a reentrant activation checkpoint's backward and outside " \
+           "it, which op='sum' would add up size times: use op='average'" in output, output[-3000:]
+
+
 def test_parameters_frozen_mid_training_stay_put_as_in_one_process(launch):
     # Case 2: requires_grad=False after two steps; Horovod reduced a zero gradient for the frozen layer, and
     # momentum and weight decay moved it (max |dW| 0.29 on 2 ranks, 0 in one process and under DDP).

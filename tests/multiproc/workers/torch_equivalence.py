@@ -41,7 +41,7 @@ p.add_argument("--activation-checkpoint", choices=["none", "reentrant", "non-ree
 p.add_argument("--shared-outside", action="store_true",
                help="conv's weight also used before the checkpoint (as a tied embedding is): two passes accumulate it")
 p.add_argument("--unused", action="store_true", help="a layer in the model and the optimizer that forward never uses")
-p.add_argument("--op", choices=["average", "adasum"], default="average")
+p.add_argument("--op", choices=["average", "sum", "adasum"], default="average")
 p.add_argument("--shard", action="store_true", help="DistributedOptimizer(shard_optimizer_state=True)")
 p.add_argument("--zero-grad", choices=["default", "none", "zeros"], default="default",
                help="zero_grad(), zero_grad(set_to_none=True), or zero_grad(set_to_none=False), on both sides")
