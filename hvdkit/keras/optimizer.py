@@ -16,8 +16,7 @@ from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.stragglers import AllreduceTimer
-from hvdkit.runtime import topology
-from hvdkit.runtime.lr import reduce_options, scale_lr_for
+from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
 
 
@@ -77,9 +76,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     """
     ctx = current()
     b = backend()
-    # An elastic job runs on Gloo whatever its size: one that starts on one worker would fail once others join.
-    on_mpi = bool(b.hvd.mpi_enabled()) or (ctx.size == 1 and not topology.is_elastic())
-    op, compression = reduce_options(op, compression, on_mpi=on_mpi)
+    op, compression = job_reduce_options(b, ctx.size, op, compression)
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
     b.compression(compression)     # a Horovod built before bf16 says so here, not inside fit's first step

@@ -39,6 +39,15 @@ def reduce_options(op: str, compression: str = "none", *, on_mpi: bool = True) -
     return op_l, compression_l
 
 
+def job_reduce_options(backend, size: int, op: str, compression: str = "none") -> tuple[str, str]:
+    """:func:`reduce_options` for this job, as both adapters' DistributedOptimizer checks them: Adasum needs MPI.
+    An elastic job runs on Gloo whatever its size (one that starts on one worker fails once others join)."""
+    from hvdkit.runtime import topology
+
+    on_mpi = bool(backend.hvd.mpi_enabled()) or (size == 1 and not topology.is_elastic())
+    return reduce_options(op, compression, on_mpi=on_mpi)
+
+
 def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int | None = None,
              on_gpu: bool = False) -> float:
     """The learning rate for ``size`` workers under the linear scaling rule.

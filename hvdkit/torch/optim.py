@@ -19,7 +19,7 @@ import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import context, state, topology
-from hvdkit.runtime.lr import reduce_options, scale_lr_for
+from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.data import check_loader_sharded
@@ -67,9 +67,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                         "call DistributedOptimizer(optimizer, model)")
     model = plain_module(model)             # the same names whether compiled or not
     backend = context.backend(ADAPTER)
-    # An elastic job runs on Gloo whatever its size: one that starts on one worker would fail once others join.
-    on_mpi = bool(backend.hvd.mpi_enabled()) or (ctx.size == 1 and not topology.is_elastic())
-    op, compression = reduce_options(op, compression, on_mpi=on_mpi)
+    op, compression = job_reduce_options(backend, ctx.size, op, compression)
     if backward_passes_per_step < 1:
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if shard_optimizer_state:
