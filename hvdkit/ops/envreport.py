@@ -13,6 +13,7 @@ metadata, Horovod's build flags from a probe subprocess
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -22,8 +23,10 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import hvdkit
+from hvdkit.common.files import WriteError, atomic_write
 from hvdkit.common.procs import NOT_FOUND, TIMED_OUT, run_bounded
 from hvdkit.common.tuning import horovod_setting_errors
 
@@ -171,15 +174,73 @@ def parse_probe(payload: dict) -> tuple[HorovodBuild | None, str | None]:
 
 
 def probe_horovod(python: str = sys.executable) -> tuple[HorovodBuild | None, str | None]:
+    """Horovod's build flags, from the probe subprocess or from the record of its last answer.
+
+    The probe imports torch (about 3 s of CPU), and every ``hvdkit launch`` asks; its answer only changes when
+    Horovod's libraries or a framework are reinstalled, so a clean answer is kept under
+    :func:`probe_cache_path`, named by the files it depends on (:func:`install_identity`).
+    """
+    cache = probe_cache_path() if python == sys.executable else None
+    if cache is not None:
+        try:
+            return parse_probe(json.loads(cache.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass                          # absent or unreadable: ask the probe
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     rc, out, err = run_bounded([python, "-m", "hvdkit.ops.horovod_probe"], timeout=PROBE_TIMEOUT_S, env=env)
     if rc == TIMED_OUT:
         return None, f"probing horovod took over {PROBE_TIMEOUT_S}s"
     try:
-        return parse_probe(json.loads(out))
+        payload = json.loads(out)
     except json.JSONDecodeError:
         tail = (err.strip().splitlines() or ["no output"])[-1]
         return None, f"horovod probe failed: {tail}"
+    build, error = parse_probe(payload)
+    if cache is not None and build is not None and not build.errors:
+        try:                              # a record for the next launch; without one it only probes again
+            atomic_write(cache, lambda f: f.write(json.dumps(payload).encode()), "horovod probe record")
+        except WriteError:
+            pass
+    return build, error
+
+
+def install_identity() -> list[tuple[str, int, int]] | None:
+    """(path, size, mtime_ns) of what the probe's answer depends on, found without importing any of it:
+    Horovod's package and framework libraries, torch's and TensorFlow's packages, and the probe itself."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.origin:
+        return None
+    root = os.path.dirname(spec.origin)
+    paths = [spec.origin, os.path.abspath(__file__), os.path.join(os.path.dirname(__file__), "horovod_probe.py")]
+    for sub in ("torch", "tensorflow"):
+        folder = os.path.join(root, sub)
+        if os.path.isdir(folder):
+            paths += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("mpi_lib"))
+    for framework in ("torch", "tensorflow"):
+        found = importlib.util.find_spec(framework)
+        if found is not None and found.origin:
+            paths.append(found.origin)
+    identity = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        identity.append((path, st.st_size, st.st_mtime_ns))
+    return identity
+
+
+def probe_cache_path() -> Path | None:
+    """Where the probe's last clean answer for this interpreter and install is kept (None: nothing to key it by).
+
+    ``$XDG_CACHE_HOME/hvdkit`` (``~/.cache/hvdkit``); a reinstall of Horovod or a framework changes the name.
+    """
+    identity = install_identity()
+    if identity is None:
+        return None
+    key = hashlib.sha256(json.dumps([sys.executable, hvdkit.__version__, identity]).encode()).hexdigest()[:24]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hvdkit" / f"horovod-probe-{key}.json"
 
 
 def ipv4_interfaces() -> dict[str, list[str]]:
