@@ -11,9 +11,14 @@ import pytest
 
 from hvdkit.runtime.integrity import DIGEST_KEY, check_digest
 from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, kill_mid_save, run_job
+from tests.multiproc.test_examples_quiet import assert_no_warning
 
 pytestmark = pytest.mark.multiproc
 MODES = ["tensorflow", "torch", "tf_keras"]
+# tf-keras (Keras 2) runs where its code differs from Keras 3's: fit and its callbacks, the optimizer, saving and
+# loading, the example. The checks that follow those paths (warmup, checkpoint directories, misuse errors) run on
+# the two Keras 3 backends: each Keras job costs CI's 2 cores 10-20 s, and the suite must fit its 90 minutes.
+KERAS3 = ["tensorflow", "torch"]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -68,7 +73,7 @@ def test_warmup_on_data_of_unknown_length(launch):
         assert r["lrs"] == pytest.approx([warmup_lr(i, 12, target / 2, target) for i in range(16)], rel=1e-6)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", KERAS3)
 def test_warmup_schedule_and_metric_averaging(launch, mode):
     from hvdkit.runtime.lr import warmup_lr
 
@@ -123,6 +128,7 @@ def test_keras_example_trains_on_digits(backend):
     print(f"keras example ({backend}): {result['test_accuracy']:.2%} in {time.time() - start:.1f}s wall")
     assert result["size"] == 2 and result["backend"] == backend
     assert result["test_accuracy"] >= 0.95
+    assert_no_warning(proc.stdout)         # the quiet check of test_examples_quiet.py, on this same run
 
 
 @pytest.mark.parametrize("mode", ["tensorflow", "torch"])
@@ -141,7 +147,7 @@ def test_elastic_shard_pads_and_commits_the_epoch_end_once(launch, mode):
     assert r0["after_full_epoch"] == r1["after_full_epoch"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", KERAS3)
 def test_checkpoint_directory_keeps_last_and_falls_back_past_a_damaged_newest(launch, tmp_path, mode):
     saved = launch(2, "keras_checkpoints.py", "--mode", mode, "--task", "save_dir")
     assert saved[0]["size"] == 2
@@ -158,7 +164,7 @@ def test_checkpoint_directory_keeps_last_and_falls_back_past_a_damaged_newest(la
     assert newest.read_bytes() == bytes(data), "resume must not touch the damaged file"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", KERAS3)
 def test_checkpoints_load_by_name_and_name_what_does_not_match(launch, mode):
     results = launch(2, "keras_checkpoints.py", "--mode", mode, "--task", "by_name")
     assert [r["size"] for r in results] == [2, 2]
@@ -172,7 +178,7 @@ def test_checkpoints_load_by_name_and_name_what_does_not_match(launch, mode):
                                          "('model/dense/kernel' is (5, 5)"), r["broadcast"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", KERAS3)
 def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
     ckpt = tmp_path / "model.npz"
     cmd = horovodrun_cmd(1, [str(WORKERS / "keras_checkpoints.py"), "--out", str(tmp_path), "--mode", mode,
@@ -188,7 +194,7 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path, mode):
     assert check_digest({"header": header, **content, DIGEST_KEY: stored}) is None, "the checkpoint is whole"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", KERAS3)
 def test_fit_without_hvdkit_callbacks_fails_at_the_first_step_naming_the_fix(launch, mode):
     r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", "no_callbacks", timeout=180)
     assert r0["size"] == r1["size"] == 2
@@ -215,7 +221,7 @@ def test_a_string_optimizer_fails_at_train_begin_naming_the_distributed_one(laun
             "optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(0.001)))" in r["error"], r["error"]
 
 
-@pytest.mark.parametrize("mode,case,warned", [(mode, "unsharded_shuffled", True) for mode in MODES]
+@pytest.mark.parametrize("mode,case,warned", [(mode, "unsharded_shuffled", True) for mode in KERAS3]
                          + [("tensorflow", "sharded_shuffled", False)])
 def test_unsharded_shuffled_data_is_warned_about_with_the_fix(launch, mode, case, warned):
     r0, r1 = launch(2, "keras_misuse.py", "--mode", mode, "--case", case, timeout=180)
