@@ -62,8 +62,9 @@ class SlurmHosts(TestHosts):
             f"SlurmctldLogFile={self.tmp}/slurmctld.log\nSlurmdLogFile={self.tmp}/slurmd-%n.log\n"
             "SlurmdParameters=config_overrides\nReturnToService=2\nInactiveLimit=0\nKillWait=5\n"
             # A requeued job waits cred_expire + 1 s before it may start (120 s by default), then for the
-            # main scheduling loop (every 60 s): 190 of the requeue test's 264 s were that wait.
-            "AuthInfo=cred_expire=30\nSchedulerParameters=sched_interval=5\n"
+            # main scheduling loop (every 60 s): 190 of the requeue test's 264 s were that wait. 60 s, not
+            # Slurm's 5 s minimum: the credential also bounds how late a launch may reach a loaded slurmd.
+            "AuthInfo=cred_expire=60\nSchedulerParameters=sched_interval=5\n"
             f"{gres_types}{nodes}PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
         self.daemons.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], start_new_session=True,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
