@@ -161,8 +161,8 @@ def test_the_example_checkpoints_on_sigterm_and_resumes_mid_epoch(tmp_path, cont
     assert result["size"] == resume_np and result["test_accuracy"] > 0.9
 
 
-@pytest.mark.parametrize("size, controller, scheduler", [(1, "gloo", "warmup"), (1, "mpi", "warmup"),
-                                                         (3, "gloo", "warmup"), (3, "mpi", "sequential")])
+# Each size, controller and schedule once (the four pairs cost CI's 2 cores two minutes more).
+@pytest.mark.parametrize("size, controller, scheduler", [(1, "gloo", "warmup"), (3, "mpi", "sequential")])
 def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, size, controller, scheduler):
     """Issue 34, case 3: a 2-rank checkpoint after 14 of 20 batches (400 rows, batch 10) resumed on 3 ranks
     skipped 120 of the epoch's samples at lr 0.2 instead of 0.3; on 1 rank it saw 140 twice at 0.2, not 0.1."""
@@ -189,8 +189,8 @@ def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_p
             assert r["lr"] == [pytest.approx(0.1 * size)]
 
 
-@pytest.mark.parametrize("mode, size, controller", [("tensorflow", 3, "mpi"), ("tensorflow", 1, "gloo"),
-                                                    ("torch", 3, "gloo"), ("torch", 1, "mpi")])
+# Each backend, size and controller once.
+@pytest.mark.parametrize("mode, size, controller", [("tensorflow", 3, "mpi"), ("torch", 1, "gloo")])
 def test_a_keras_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_path, mode, size, controller):
     """Issue 34, case 3, for Keras: the preemption checkpoint recorded each rank's batch index only, and fit
     restarted the epoch, so a resumed job saw the finished part of the epoch again (and a bigger job skipped
