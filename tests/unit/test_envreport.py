@@ -1,4 +1,5 @@
 import json
+import sys
 
 import pytest
 
@@ -105,3 +106,44 @@ def test_tensorflows_cuda_is_read_from_its_build_info_without_importing_it(tmp_p
     # The CPU flavour: tf-keras brings PyPI's (CUDA-built) tensorflow, without the CUDA wheels.
     report.tensorflow_cuda_wheels = False
     assert "TF CUDA     12.5.1 build, but no CUDA 12 wheels (tensorflow[and-cuda])" in envreport.render_text(report)
+
+
+def test_the_probe_record_is_read_instead_of_probing_and_renamed_by_a_rebuild(tmp_path, monkeypatch):
+    """hvdkit launch asks probe_horovod on every job; a clean answer is kept, named by what it depends on."""
+    fake = tmp_path / "site" / "horovod"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    lib = fake / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so"
+    lib.write_bytes(b"x" * 10)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "horovod", raising=False)    # find_spec answers from sys.modules first
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+
+    def probe(argv, timeout, env):
+        calls.append(argv)
+        return 0, json.dumps(PROBE_OK), ""
+
+    monkeypatch.setattr(envreport, "run_bounded", probe)
+    first = envreport.probe_horovod()
+    path = envreport.probe_cache_path()
+    assert first[0] is not None and len(calls) == 1 and path.parent == tmp_path / "cache" / "hvdkit"
+    assert envreport.probe_horovod() == first and len(calls) == 1, "the second ask must read the record"
+    lib.write_bytes(b"x" * 11)                   # a rebuilt library: another name, so the probe runs again
+    assert envreport.probe_cache_path() != path
+    envreport.probe_horovod()
+    assert len(calls) == 2
+
+
+def test_a_probe_answer_with_errors_is_not_kept(tmp_path, monkeypatch):
+    fake = tmp_path / "site" / "horovod"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "horovod", raising=False)    # find_spec answers from sys.modules first
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    answer = dict(PROBE_OK, errors={"tensorflow": "ImportError: undefined symbol"})
+    monkeypatch.setattr(envreport, "run_bounded", lambda argv, timeout, env: (0, json.dumps(answer), ""))
+    build, _ = envreport.probe_horovod()
+    assert build is not None and build.errors
+    assert not envreport.probe_cache_path().exists()
