@@ -214,8 +214,10 @@ def install_identity() -> list[tuple[str, int, int]] | None:
     paths = [spec.origin, os.path.abspath(__file__), os.path.join(os.path.dirname(__file__), "horovod_probe.py")]
     for sub in ("torch", "tensorflow"):
         folder = os.path.join(root, sub)
-        if os.path.isdir(folder):
+        try:
             paths += sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("mpi_lib"))
+        except OSError:                   # not built for this framework (or unreadable): nothing to stat
+            pass
     for framework in ("torch", "tensorflow"):
         found = importlib.util.find_spec(framework)
         if found is not None and found.origin:
