@@ -41,6 +41,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.context import current
+from hvdkit.torch.optim import abandon_window
 from hvdkit.torch.tensors import to_cpu
 
 
@@ -87,6 +88,8 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
                                      key=lambda item: not isinstance(item[1], ShardedOptimizerHandler)))
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
+        # Registered after the first _after_reset: only a reset has a step in flight to drop.
+        self.register_reset_callbacks([lambda: abandon_window(self.optimizer)])
 
     def _after_reset(self) -> None:
         for handler in self._handlers.values():

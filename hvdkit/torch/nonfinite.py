@@ -33,6 +33,7 @@ class NonFiniteCheck:
             self.watch(p, accumulator)
         optimizer._hvdkit_accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.optim hooks later
         optimizer.register_step_pre_hook(self._before_step)
+        optimizer._hvdkit_nonfinite = self
 
     def watch(self, p: torch.Tensor, accumulator) -> None:
         accumulator.register_prehook(self._before_accumulation(p))

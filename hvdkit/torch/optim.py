@@ -132,6 +132,38 @@ def _zero_grad(self, set_to_none: bool = True) -> None:
     type(self).__bases__[0].zero_grad(self, set_to_none=set_to_none)
 
 
+def abandon_window(optimizer: torch.optim.Optimizer) -> None:
+    """After an elastic reset: forget the step that was in flight, so the next one starts a window afresh.
+
+    A lost rank fails the collective a step waits in (the allreduces of backward or ``step()``). Horovod's
+    optimizer then still held that step's handles, from the Horovod that the reset shut down, and its count of
+    accumulated passes: the first ``zero_grad()`` after the reset raised "zero_grad() was called after
+    loss.backward() but before optimizer.step()" (a sharded optimizer's restore does not go through Horovod's
+    ``load_state_dict``, which clears the handles), and with ``backward_passes_per_step=k`` the survivors'
+    counts stood at 0 while a new worker's stood at k. The restored state is a commit, taken between steps:
+    the gradients of the step in flight are dropped with it, as one process that restarted from the commit
+    would not have them."""
+    if not hasattr(optimizer, "_handles"):
+        return
+    optimizer._handles.clear()
+    for p in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+    for group in getattr(optimizer, "_group_counts", {}) or {}:
+        optimizer._group_counts[group] = 0
+    optimizer._synchronized = False
+    optimizer._should_synchronize = True
+    average = getattr(optimizer, "_hvdkit_average", None)
+    if average is not None:
+        average.task, average.averaged = None, False
+        average.nested_done.clear()
+    check = getattr(optimizer, "_hvdkit_nonfinite", None)
+    if check is not None:
+        check.own.clear()      # the gradient sums of the step that was dropped
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
+
+
 class _AverageWhenBackwardReturns:
     """DDP's guarantee for Horovod's optimizer: gradients are averaged when ``backward()`` returns.
 

@@ -16,6 +16,7 @@ It trains until the file --stop exists (every rank agrees through one broadcast 
 import argparse
 import hashlib
 import os
+import signal
 import time
 
 import torch
@@ -27,6 +28,11 @@ from hvdkit.backends.torch import hvd
 p = argparse.ArgumentParser()
 p.add_argument("--stop", required=True)
 p.add_argument("--step-seconds", type=float, default=0.05)
+p.add_argument("--plain", action="store_true", help="Horovod's unsharded optimizer state (a full copy per rank)")
+p.add_argument("--backward-passes", type=int, default=1, help="backward_passes_per_step (gradient accumulation)")
+p.add_argument("--die-before-backward", type=int, default=None, metavar="STEP",
+               help="rank 1 of 2 kills itself (SIGKILL) before the last backward pass of a step once STEP steps are "
+                    "committed, so that rank 0 is waiting in that pass's allreduces when the job loses it")
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
@@ -38,7 +44,7 @@ loader = hk.elastic.elastic_loader(TensorDataset(x, y), batch_size=4, seed=3)
 torch.manual_seed(5)
 model = torch.nn.Sequential(torch.nn.Linear(6, 33), torch.nn.Tanh(), torch.nn.Linear(33, 1))
 optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=hk.scale_lr(0.001)), model,
-                                    shard_optimizer_state=True)
+                                    shard_optimizer_state=not args.plain, backward_passes_per_step=args.backward_passes)
 state = hk.elastic.ElasticState(model, optimizer, sampler=loader.sampler, base_lr=0.001)
 
 
@@ -72,23 +78,36 @@ def train(state):
     a, b = flat(now), flat(committed)
     diff = float((a - b).abs().max()) if a.numel() == b.numel() and a.numel() else (0.0 if a.numel() == b.numel()
                                                                                       else float("inf"))
-    shards = optimizer._hvdkit_shards
-    mine = sum(v.numel() for s in shards.inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
+    inner = optimizer._hvdkit_shards.inner if not args.plain else optimizer
+    layout = optimizer._hvdkit_shards.size if not args.plain else hk.current().size
+    mine = sum(v.numel() for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
     fraction = mine / max(a.numel(), 1)
-    diffs = hvd.allgather_object((diff, fraction, shards.size, optimizer.param_groups[0]["lr"]))
+    # A gradient left from a step the reset dropped would be added into the next one (an accumulating loop
+    # calls zero_grad() only after step()).
+    stale = sum(float(q.grad.abs().sum()) for q in model.parameters() if q.grad is not None)
+    diffs = hvd.allgather_object((diff, fraction, layout, optimizer.param_groups[0]["lr"], stale))
     if hk.current().is_main:
+        sizes = sorted({s for _, _, s, _, _ in diffs})
         print(f"start size {hk.current().size} step {state.step} state_diff {max(d for d, *_ in diffs)} "
-              f"slice_fraction {max(f for _, f, *_ in diffs):.3f} layout_sizes {sorted({s for *_, s, _ in diffs})} "
-              f"groups_lr {[lr for *_, lr in diffs]} digest {digest(now)}", flush=True)
+              f"slice_fraction {max(f for _, f, *_ in diffs):.3f} layout_sizes {sizes} "
+              f"groups_lr {[lr for *_, lr, _ in diffs]} stale_grad {max(g for *_, g in diffs)} digest {digest(now)}",
+              flush=True)
     while True:
-        for xb, yb in loader:
-            optimizer.zero_grad()
+        for i, (xb, yb) in enumerate(loader):
+            last_pass = i % args.backward_passes == args.backward_passes - 1
+            if state.step == args.die_before_backward and last_pass and hk.current().rank == 1 and \
+                    hk.current().size == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if i % args.backward_passes == 0:
+                optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(xb), yb).backward()
+            if not last_pass:
+                continue
             optimizer.step()
             time.sleep(args.step_seconds)
             if hvd.broadcast_object(os.path.exists(args.stop), name="stop"):
                 return
-            state.step_done(len(xb))
+            state.step_done(len(xb) * args.backward_passes)
         state.epoch_done()
 
 
