@@ -1,4 +1,4 @@
-# What the README's Keras diff leaves out: imports, data (scikit-learn's digits, offline), the model.
+# What the README's Keras diff leaves out: imports, data (the bundled digits, offline), the model.
 import keras
 from keras.callbacks import ModelCheckpoint  # noqa: F401 (the diff uses it)
 

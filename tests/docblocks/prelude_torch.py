@@ -1,4 +1,4 @@
-# What the README's PyTorch diff leaves out: imports, data (scikit-learn's digits, offline), the model, evaluate().
+# What the README's PyTorch diff leaves out: imports, data (the bundled digits, offline), the model, evaluate().
 import torch
 import torch.nn.functional as F  # noqa: F401 (the docs use these names)
 from torch.utils.data import DataLoader, TensorDataset  # noqa: F401 (the diff uses these names)

@@ -28,6 +28,30 @@ def test_digits_is_real_offline_data_at_28x28():
     assert np.array_equal(d.y_test, again.y_test)
 
 
+def test_digits_need_numpy_alone():
+    """The bundled file, read with numpy: no scikit-learn or SciPy import (1.4 s for every rank of every example,
+    and Keras imports scikit-learn whenever it is installed), the same pixels scipy.ndimage.zoom(order=1) gave."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['sklearn'] = sys.modules['scipy'] = None\n"
+            "from hvdkit.examples.datasets import load_dataset\n"
+            "d = load_dataset('digits'); print(d.x_train.shape, round(float(d.x_train.sum()), 3))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split(")")[0] == "(1438, 28, 28"
+
+
+def test_digits_upsampling_interpolates_linearly_between_aligned_corners():
+    from hvdkit.examples.datasets import upsample_bilinear
+
+    ramp = np.arange(8, dtype=np.float64)[None, :] * np.ones((8, 1))        # 0..7 across each row
+    big = upsample_bilinear(ramp[None], 28)[0]
+    assert big.shape == (28, 28)
+    assert np.allclose(big[0], np.arange(28) * 7 / 27) and np.allclose(big[:, 5], big[0, 5])
+    assert big[0, 0] == 0.0 and big[-1, -1] == 7.0
+
+
 @pytest.mark.parametrize("name", ["x.idx", "x.idx.gz"])
 def test_idx_round_trip(tmp_path, name):
     images = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
