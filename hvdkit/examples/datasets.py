@@ -19,6 +19,7 @@ import os
 import struct
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,15 +72,15 @@ DIGITS_FILE = os.path.join(os.path.dirname(__file__), "digits.npz")
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     """The UCI handwritten digits, bilinearly upsampled from 8x8 to 28x28, split by a fixed seed.
 
-    ``digits.npz`` beside this file holds the 1,797 scans as scikit-learn bundles them (the test set of
-    E. Alpaydin and C. Kaynak's "Optical Recognition of Handwritten Digits", UCI Machine Learning Repository,
-    CC BY 4.0; pixels 0..16). Reading it takes numpy alone: scikit-learn's loader cost every rank of every
-    example 1.4 s of imports here (and scikit-learn plus SciPy in the install), and Keras imports scikit-learn
-    whenever it is installed."""
+    ``digits.npz`` beside this file holds the 1,797 scans as scikit-learn bundles them: the test set of
+    E. Alpaydin and C. Kaynak's "Optical Recognition of Handwritten Digits", UCI Machine Learning
+    Repository, https://doi.org/10.24432/C50P49, CC BY 4.0; pixels 0..16. Reading it takes numpy alone:
+    scikit-learn's loader cost every rank of every example 1.4 s of imports here (and scikit-learn plus
+    SciPy in the install), and Keras imports scikit-learn whenever it is installed."""
     try:
         with np.load(DIGITS_FILE) as bundle:
             raw, labels = bundle["images"], bundle["labels"].astype(np.int64)
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise DatasetError(f"cannot read the bundled digits ({DIGITS_FILE}: {exc}): reinstall hvdkit") from None
     images = upsample_bilinear(raw / 16.0, 28).clip(0.0, 1.0).astype(np.float32)
     order = np.random.default_rng(seed).permutation(len(images))

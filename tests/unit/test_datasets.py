@@ -28,6 +28,9 @@ def test_digits_is_real_offline_data_at_28x28():
     assert np.array_equal(d.y_test, again.y_test)
 
 
+SCIPY_DIGITS_SHA256 = "e020c79bf5cabe8082357c80439863d84214f076bce34709bf67be407d067ae3"
+
+
 def test_digits_need_numpy_alone():
     """The bundled file, read with numpy: no scikit-learn or SciPy import (1.4 s for every rank of every example,
     and Keras imports scikit-learn whenever it is installed), the same pixels scipy.ndimage.zoom(order=1) gave."""
@@ -35,11 +38,14 @@ def test_digits_need_numpy_alone():
     import sys
 
     code = ("import sys; sys.modules['sklearn'] = sys.modules['scipy'] = None\n"
+            "import hashlib, numpy as np\n"
             "from hvdkit.examples.datasets import load_dataset\n"
-            "d = load_dataset('digits'); print(d.x_train.shape, round(float(d.x_train.sum()), 3))")
+            "d = load_dataset('digits'); print(d.x_train.shape, d.x_test.shape, "
+            "hashlib.sha256(np.concatenate([d.x_train, d.x_test]).tobytes()).hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split(")")[0] == "(1438, 28, 28"
+    # The digest of scikit-learn's digits through scipy.ndimage.zoom(order=1), split with seed 0 (the old loader).
+    assert out.stdout.split() == ["(1438,", "28,", "28)", "(359,", "28,", "28)", SCIPY_DIGITS_SHA256], out.stdout
 
 
 def test_digits_upsampling_interpolates_linearly_between_aligned_corners():
