@@ -89,7 +89,12 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
         # Registered after the first _after_reset: only a reset has a step in flight to drop.
-        self.register_reset_callbacks([lambda: abandon_window(self.optimizer)])
+        self.register_reset_callbacks([self._drop_step_in_flight])
+
+    def _drop_step_in_flight(self) -> None:
+        for handler in self._handlers.values():      # the optimizer, and any other given as a keyword
+            if isinstance(handler.value, torch.optim.Optimizer):
+                abandon_window(handler.value)
 
     def _after_reset(self) -> None:
         for handler in self._handlers.values():

@@ -135,14 +135,14 @@ def _zero_grad(self, set_to_none: bool = True) -> None:
 def abandon_window(optimizer: torch.optim.Optimizer) -> None:
     """After an elastic reset: forget the step that was in flight, so the next one starts a window afresh.
 
-    A lost rank fails the collective a step waits in (the allreduces of backward or ``step()``). Horovod's
-    optimizer then still held that step's handles, from the Horovod that the reset shut down, and its count of
-    accumulated passes: the first ``zero_grad()`` after the reset raised "zero_grad() was called after
-    loss.backward() but before optimizer.step()" (a sharded optimizer's restore does not go through Horovod's
-    ``load_state_dict``, which clears the handles), and with ``backward_passes_per_step=k`` the survivors'
-    counts stood at 0 while a new worker's stood at k. The restored state is a commit, taken between steps:
-    the gradients of the step in flight are dropped with it, as one process that restarted from the commit
-    would not have them."""
+    A lost rank fails the collective a step waits in (the allreduces of backward or ``step()``), and the
+    step's state stays behind. Horovod's restore loads the commit with its ``load_state_dict``, which clears
+    the handles and the count of accumulated passes but not ``.grad``: a loop that zeroes gradients after
+    ``step()`` (the usual accumulation loop) added the dropped step's into the next. A sharded optimizer's
+    restore re-cuts the slices without it, so its handles (from the Horovod the reset shut down) stayed too,
+    and the first ``zero_grad()`` raised "zero_grad() was called after loss.backward() but before
+    optimizer.step()", ending the job. The restored state is a commit, taken between steps: the gradients of
+    the step in flight are dropped with it, as one process restarted from the commit would not have them."""
     if not hasattr(optimizer, "_handles"):
         return
     optimizer._handles.clear()

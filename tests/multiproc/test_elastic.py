@@ -196,9 +196,9 @@ def test_a_worker_lost_while_the_other_waits_in_backward_resumes_from_the_commit
     """A lost worker fails the collective the others wait in. When that is a step's allreduces (backward, step()),
     Horovod's optimizer kept the step's handles past the reset: with shard_optimizer_state the survivor's first
     zero_grad() raised "zero_grad() was called after loss.backward() but before optimizer.step()" and the job ended
-    (CI, stop 50: 1 run in 8 here when the kill came from outside); unsharded, the step's gradients stayed in
-    .grad, to be added into the next step by a loop that zeroes them after step(), and with
-    backward_passes_per_step=2 Horovod's count of passes stood at 0, not 2. Here rank 1 kills itself just before
+    (CI, stop 50: 1 run in 8 here when the kill came from outside); unsharded (Horovod's restore clears its
+    handles), the step's gradients stayed in .grad, to be added into the next step by a loop that zeroes them
+    after step(), as an accumulating one does. Here rank 1 kills itself just before
     the last backward pass of a step, so rank 0 is always in its allreduces: the survivor restores the last commit,
     with no gradient left from the dropped step, and trains on alone."""
     hosts, stop = tmp_path / "hosts", tmp_path / "stop"
