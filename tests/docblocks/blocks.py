@@ -260,6 +260,7 @@ class NotRunParser(AbstractSkipParser):
 def setup_page(namespace: dict) -> None:
     """Each page's Python blocks run in a fresh temporary directory, from prelude_docs.py."""
     namespace["__docs_cwd"] = os.getcwd()
+    namespace["__docs_env"] = dict(os.environ)      # hk.init() sets Horovod's tuning defaults in this process
     namespace["__docs_tmp"] = tempfile.TemporaryDirectory(prefix="docs-page-")
     os.chdir(namespace["__docs_tmp"].name)
     exec(compile((HERE / "prelude_docs.py").read_text(), str(HERE / "prelude_docs.py"), "exec"), namespace)
@@ -267,4 +268,8 @@ def setup_page(namespace: dict) -> None:
 
 def teardown_page(namespace: dict) -> None:
     os.chdir(namespace["__docs_cwd"])
+    # The jobs of tests run after a page (job_env copies os.environ) must not inherit them: under Gloo, elastic,
+    # the MPI defaults HOROVOD_FUSION_THRESHOLD=1 MiB with HOROVOD_CYCLE_TIME=0.1 crash a survivor's re-init.
+    os.environ.clear()
+    os.environ.update(namespace["__docs_env"])
     namespace["__docs_tmp"].cleanup()
