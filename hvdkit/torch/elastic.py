@@ -66,7 +66,11 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     is how many steps pass between commits (a commit copies model and
     optimizer state to host memory; a sharded optimizer's is gathered first). ``sampler`` is the loader's
     ElasticSampler: where the epoch stands lives there (in Keras, in the
-    state's own ``shard``). Other keywords are kept in the state, as in Horovod.
+    state's own ``shard``). A ``torch.amp.GradScaler`` given as a keyword
+    (``scaler=scaler``) is committed, restored and synced from rank 0 with the
+    rest (:class:`GradScalerHandler`): a worker that joins would otherwise scale
+    its loss by its scaler's initial scale. Other keywords are kept in the
+    state, as in Horovod.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -81,11 +85,16 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
             base_lr = [base_lr] * groups
         self._init_commits(commit_every, list(base_lr) if base_lr is not None else None)
         extra = {"train_sampler": sampler} if sampler is not None else {}
+        scalers = {k: v for k, v in kwargs.items() if isinstance(v, torch.amp.GradScaler)}
+        kwargs = {k: v for k, v in kwargs.items() if k not in scalers}
         super().__init__(model=model, optimizer=optimizer, epoch=epoch, step=step, **extra, **kwargs)
         # The sharded optimizers' handlers save first: their gather is collective and may fail on a lost rank,
         # which must find the model, sampler and counters still at the last commit, not saved past it.
         self._handlers = dict(sorted(self._handlers.items(),
                                      key=lambda item: not isinstance(item[1], ShardedOptimizerHandler)))
+        for name, scaler in scalers.items():      # Horovod has no handler for them: it would pickle a copy
+            self._handlers[name] = GradScalerHandler(scaler)
+            setattr(self, name, scaler)
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()
         # Registered after the first _after_reset: only a reset has a step in flight to drop.
@@ -95,6 +104,8 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
         for handler in self._handlers.values():      # the optimizer, and any other given as a keyword
             if isinstance(handler.value, torch.optim.Optimizer):
                 abandon_window(handler.value)
+            elif isinstance(handler, GradScalerHandler):
+                handler.value._per_optimizer_states.clear()   # "unscaled" from a step that was dropped
 
     def _after_reset(self) -> None:
         for handler in self._handlers.values():
@@ -113,6 +124,35 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
     def _start_epoch(self) -> None:
         if getattr(self, "train_sampler", None) is not None:
             self.train_sampler.set_epoch(self.epoch)
+
+
+class GradScalerHandler(hvd.elastic.state.StateHandler):
+    """A ``torch.amp.GradScaler`` given to :class:`ElasticState` as a keyword (``scaler=scaler``).
+
+    Each rank multiplies its loss by its own scale before the gradients are averaged, and divides by it
+    after: ranks whose scales differ average differently scaled gradients and step apart, silently. A worker
+    that joins starts from its scaler's initial scale, the others from where theirs moved, so ``sync``
+    gives every rank rank 0's scale (with its growth count); commits keep it, and a restore takes it back."""
+
+    def __init__(self, scaler):
+        super().__init__(scaler)
+        self._saved = None
+
+    def save(self):
+        if self.value.is_enabled():
+            self._saved = dict(self.value.state_dict())
+
+    def restore(self):
+        if self._saved is not None:
+            self.value.load_state_dict(self._saved)
+        self.value._per_optimizer_states.clear()
+
+    def sync(self):
+        if self.value.is_enabled():
+            self.value.load_state_dict(hvd.broadcast_object(self.value.state_dict(), root_rank=0,
+                                                            name="hvdkit.elastic.scaler"))
+            self.value._per_optimizer_states.clear()
+        self.save()
 
 
 class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):

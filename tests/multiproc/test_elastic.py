@@ -222,3 +222,33 @@ def test_a_worker_lost_while_the_other_waits_in_backward_resumes_from_the_commit
     # (At step 0 Horovod's sync gives Adam its state after the first commit was taken: only the resume compares.)
     assert float(starts[1][2]) == 0.0 and [float(stale) for *_, stale in starts] == [0.0, 0.0], starts
     check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))
+
+
+def test_a_worker_that_joins_takes_the_grad_scalers_scale(tmp_path):
+    """AMP in an elastic job: each rank multiplies its loss by its GradScaler's scale before the gradients are
+    averaged and divides by it after, so ranks with different scales step apart. A worker that joins starts at
+    its scaler's initial scale while the others' has grown; given to hk.elastic.ElasticState as scaler=, the
+    scaler is synced from rank 0 (Horovod had no handler for it: its state pickled a copy that the script never
+    used). The scale doubles every step here, so a joiner is far off: after it joins, every commit finds every
+    rank with the same weights and scale."""
+    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
+    hosts.write_text("localhost:1\n")
+    argv = hvdkit_cmd("launch", "-np", "1", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, str(WORKERS / "torch_elastic_sharded.py"), "--stop", str(stop),
+                      "--plain", "--scaler")
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    try:
+        job.wait_for(lambda c: len(c) >= 6, 180, "6 steps on 1 process")
+        hosts.write_text("localhost:1\n127.0.0.1:1\n")
+        job.wait_for(lambda c: sum(x.size == 2 for x in c) >= 5, 180, "5 steps after a worker joined")
+        stop.write_text("")
+        assert job.finish(timeout=120) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    assert size_changes(job.commits) == [1, 2], size_changes(job.commits)
+    agree = re.findall(r"committed step (\d+) epoch \d+ size (\d) .* ranks_agree (\w+) scale (\S+)", job.output)
+    after_join = [(step, ok, scale) for step, size, ok, scale in agree if size == "2"]
+    assert after_join and all(ok == "True" for _, ok, _ in after_join), after_join
+    assert float(after_join[0][2]) > 16.0 * 2 ** 6, after_join[0]      # the survivor's grown scale, not 16
+    check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))

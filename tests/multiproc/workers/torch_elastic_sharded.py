@@ -30,6 +30,9 @@ p.add_argument("--stop", required=True)
 p.add_argument("--step-seconds", type=float, default=0.05)
 p.add_argument("--plain", action="store_true", help="Horovod's unsharded optimizer state (a full copy per rank)")
 p.add_argument("--backward-passes", type=int, default=1, help="backward_passes_per_step (gradient accumulation)")
+p.add_argument("--scaler", action="store_true",
+               help="a GradScaler whose scale doubles every step (AMP's recipe), given to the elastic state; each "
+                    "commit then reports whether every rank holds the same weights and scale")
 p.add_argument("--die-before-backward", type=int, default=None, metavar="STEP",
                help="rank 1 of 2 kills itself (SIGKILL) before the last backward pass of a step once STEP steps are "
                     "committed, so that rank 0 is waiting in that pass's allreduces when the job loses it")
@@ -45,7 +48,9 @@ torch.manual_seed(5)
 model = torch.nn.Sequential(torch.nn.Linear(6, 33), torch.nn.Tanh(), torch.nn.Linear(33, 1))
 optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=hk.scale_lr(0.001)), model,
                                     shard_optimizer_state=not args.plain, backward_passes_per_step=args.backward_passes)
-state = hk.elastic.ElasticState(model, optimizer, sampler=loader.sampler, base_lr=0.001)
+scaler = torch.amp.GradScaler("cpu", init_scale=16.0, growth_interval=1) if args.scaler else None
+state = hk.elastic.ElasticState(model, optimizer, sampler=loader.sampler, base_lr=0.001,
+                                **({"scaler": scaler} if scaler else {}))
 
 
 def digest(opt_state: dict) -> str:
@@ -64,8 +69,14 @@ def flat(opt_state: dict) -> torch.Tensor:
 
 def log_commit(s):
     gathered = digest(optimizer.state_dict())        # collective: every rank commits at the same step
+    agree = ""
+    if scaler is not None:
+        weights = hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in model.parameters())).hexdigest()
+        seen = hvd.allgather_object((weights, scaler.get_scale()), name="agree")
+        agree = f" ranks_agree {len(set(seen)) == 1} scale {scaler.get_scale()}"
     if hk.current().is_main:
-        print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size} digest {gathered}", flush=True)
+        print(f"committed step {s.step} epoch {s.epoch} size {hk.current().size} digest {gathered}{agree}",
+              flush=True)
 
 
 state.register_commit_callbacks([log_commit])
@@ -100,10 +111,15 @@ def train(state):
                 os.kill(os.getpid(), signal.SIGKILL)
             if i % args.backward_passes == 0:
                 optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(xb), yb).backward()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            (scaler.scale(loss) if scaler else loss).backward()
             if not last_pass:
                 continue
-            optimizer.step()
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             time.sleep(args.step_seconds)
             if hvd.broadcast_object(os.path.exists(args.stop), name="stop"):
                 return
