@@ -8,6 +8,7 @@ survives it (below), separate hosts do too (tests/multihost/test_elastic_hosts.p
 import json
 import re
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -139,13 +140,8 @@ def test_sharded_optimizer_state_survives_a_shrink_a_join_and_a_killed_worker(tm
     from the discovery file (Horovod skips the sync), added back (a new worker, which gets the state in the sync)
     and then killed (every rank restores the last commit). After each, the state gathered from the new slices
     equals the last commit's exactly, each rank holds 1/size of it, and the rate is scale_lr's for the size."""
-    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
     worker = str(WORKERS / "torch_elastic_sharded.py")
-    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
-                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                      sys.executable, worker, "--stop", str(stop))
-    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    job, hosts, stop = start_sharded_worker(tmp_path, 2)
 
     def steps_at(size: int, n: int):
         return lambda c: sum(x.size == size for x in c[-n:]) >= n and len(c) >= n
@@ -191,6 +187,18 @@ def test_sharded_optimizer_state_survives_a_shrink_a_join_and_a_killed_worker(tm
     assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]
 
 
+def start_sharded_worker(tmp_path, np: int, *args: str, **env: str) -> tuple[ElasticJob, Path, Path]:
+    """workers/torch_elastic_sharded.py under hvdkit launch, elastic between 1 and 2 processes, started on the
+    first np of "localhost:1" and "127.0.0.1:1" (one machine listed once per slot); returns the job, its hosts
+    file and the file that stops it."""
+    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
+    hosts.write_text("".join(["localhost:1\n", "127.0.0.1:1\n"][:np]))
+    argv = hvdkit_cmd("launch", "-np", str(np), "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, str(WORKERS / "torch_elastic_sharded.py"), "--stop", str(stop), *args)
+    return ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts), **env)).start(), hosts, stop
+
+
 # Tuned: the two settings hvdkit's init() sets under MPI, given by hand to a Gloo elastic job. Each init sets their
 # defaults and then these fixed values; from the second init on (the reset) Horovod wrote the default through an
 # index a fixed variable no longer had, past the end of an empty vector: the survivor segfaulted (patch item 20).
@@ -208,13 +216,7 @@ def test_a_worker_lost_while_the_other_waits_in_backward_resumes_from_the_commit
     after step(), as an accumulating one does. Here rank 1 kills itself just before
     the last backward pass of a step, so rank 0 is always in its allreduces: the survivor restores the last commit,
     with no gradient left from the dropped step, and trains on alone."""
-    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
-                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                      sys.executable, str(WORKERS / "torch_elastic_sharded.py"), "--stop", str(stop),
-                      "--die-before-backward", "8", *optimizer)
-    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts), **tuning)).start()
+    job, _, stop = start_sharded_worker(tmp_path, 2, "--die-before-backward", "8", *optimizer, **tuning)
     try:
         job.wait_for(lambda c: sum(x.size == 1 for x in c) >= 5, 180, "5 steps after rank 1 was lost")
         stop.write_text("")
@@ -238,13 +240,7 @@ def test_a_worker_that_joins_takes_the_grad_scalers_scale(tmp_path):
     scaler is synced from rank 0 (Horovod had no handler for it: its state pickled a copy that the script never
     used). The scale doubles every step here, so a joiner is far off: after it joins, every commit finds every
     rank with the same weights and scale."""
-    hosts, stop = tmp_path / "hosts", tmp_path / "stop"
-    hosts.write_text("localhost:1\n")
-    argv = hvdkit_cmd("launch", "-np", "1", "--min-np", "1", "--max-np", "2",
-                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                      sys.executable, str(WORKERS / "torch_elastic_sharded.py"), "--stop", str(stop),
-                      "--plain", "--scaler")
-    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    job, hosts, stop = start_sharded_worker(tmp_path, 1, "--plain", "--scaler")
     try:
         job.wait_for(lambda c: len(c) >= 6, 180, "6 steps on 1 process")
         hosts.write_text("localhost:1\n127.0.0.1:1\n")
