@@ -142,16 +142,14 @@ class GradScalerHandler(hvd.elastic.state.StateHandler):
         if self.value.is_enabled():
             self._saved = dict(self.value.state_dict())
 
-    def restore(self):
+    def restore(self):      # (the reset that follows clears its per-optimizer stages: _drop_step_in_flight)
         if self._saved is not None:
             self.value.load_state_dict(self._saved)
-        self.value._per_optimizer_states.clear()
 
     def sync(self):
         if self.value.is_enabled():
             self.value.load_state_dict(hvd.broadcast_object(self.value.state_dict(), root_rank=0,
                                                             name="hvdkit.elastic.scaler"))
-            self.value._per_optimizer_states.clear()
         self.save()
 
 

@@ -35,6 +35,10 @@ class NonFiniteCheck:
         optimizer.register_step_pre_hook(self._before_step)
         optimizer._hvdkit_nonfinite = self
 
+    def forget_step(self) -> None:
+        """The step in flight was dropped (an elastic reset): its gradient sums go with it."""
+        self.own.clear()
+
     def watch(self, p: torch.Tensor, accumulator) -> None:
         accumulator.register_prehook(self._before_accumulation(p))
 

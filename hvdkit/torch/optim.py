@@ -152,13 +152,9 @@ def abandon_window(optimizer: torch.optim.Optimizer) -> None:
         optimizer._group_counts[group] = 0
     optimizer._synchronized = False
     optimizer._should_synchronize = True
-    average = getattr(optimizer, "_hvdkit_average", None)
-    if average is not None:
-        average.task, average.averaged = None, False
-        average.nested_done.clear()
-    check = getattr(optimizer, "_hvdkit_nonfinite", None)
-    if check is not None:
-        check.own.clear()      # the gradient sums of the step that was dropped
+    for part in (getattr(optimizer, "_hvdkit_average", None), getattr(optimizer, "_hvdkit_nonfinite", None)):
+        if part is not None:
+            part.forget_step()
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
@@ -215,6 +211,11 @@ class _AverageWhenBackwardReturns:
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
         optimizer.register_step_post_hook(lambda *_: self.nested_done.clear())
         optimizer._hvdkit_average = self
+
+    def forget_step(self) -> None:
+        """The step in flight was dropped (an elastic reset): no pass of it has been averaged."""
+        self.task, self.averaged = None, False
+        self.nested_done.clear()
 
     def _after_accumulation(self, *_):
         # Runs after Horovod's hook on the same accumulator, so its allreduce has started.

@@ -231,6 +231,7 @@ def test_a_worker_lost_while_the_other_waits_in_backward_resumes_from_the_commit
     # (At step 0 Horovod's sync gives Adam its state after the first commit was taken: only the resume compares.)
     assert float(starts[1][2]) == 0.0 and [float(stale) for *_, stale in starts] == [0.0, 0.0], starts
     check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))
+    assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]
 
 
 def test_a_worker_that_joins_takes_the_grad_scalers_scale(tmp_path):
@@ -255,3 +256,4 @@ def test_a_worker_that_joins_takes_the_grad_scalers_scale(tmp_path):
     assert after_join and all(ok == "True" for _, ok, _ in after_join), after_join
     assert float(after_join[0][2]) > 16.0 * 2 ** 6, after_join[0]      # the survivor's grown scale, not 16
     check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))
+    assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]
