@@ -28,6 +28,7 @@ import numpy as np
 import hvdkit
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
+from hvdkit.keras.sharded import gather_whole, sharded_part
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
@@ -56,12 +57,17 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     files, as in :func:`hvdkit.torch.save_checkpoint`.
     """
     ctx = current()
-    if not ctx.is_main:
+    sharded = optimizer is not None and sharded_part(optimizer) is not None
+    if not ctx.is_main and not sharded:
         return False
     named = named_variables(model, optimizer)
+    # A sharded optimizer's slots are gathered on rank 0 from every rank (collective: every rank calls this).
+    whole = gather_whole([v for _, v in named], root=0) if sharded else [_numpy(v) for _, v in named]
+    if not ctx.is_main:
+        return False
+    values = dict(zip((n for n, _ in named), whole))
     model_names = [n for n, _ in named if n.startswith("model/")]
     opt_names = [n for n, _ in named if n.startswith("optimizer/")]
-    values = {n: _numpy(v) for n, v in named}
     model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
     if step is not None:
         extra = {"step": step, **extra}

@@ -29,6 +29,7 @@ from hvdkit.keras.checkpoint import _numpy
 from hvdkit.keras.collectives import broadcast_variables
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import named_variables, set_learning_rate
+from hvdkit.keras.sharded import sharded_part
 from hvdkit.runtime.elastic import ElasticCommits, run
 
 
@@ -47,6 +48,10 @@ class ElasticState(ElasticCommits, ObjectState):
         if not model.built or not model.variables:
             raise UserError("the model has no weights yet: build it (an Input layer, or model.build(shape)) "
                              "before making its ElasticState")
+        if optimizer is not None and sharded_part(optimizer) is not None:
+            raise UserError("hk.elastic.ElasticState cannot take a sharded Keras optimizer yet (its slices are cut "
+                            "for one world size, and fit's compiled step holds them): leave shard_optimizer_state "
+                            "off in elastic Keras jobs (hvdkit.torch's elastic jobs take it)")
         self._init_commits(commit_every, [base_lr] if base_lr is not None else None)
         self.model, self.optimizer = model, optimizer
         self._seed = seed

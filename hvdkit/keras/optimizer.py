@@ -15,6 +15,7 @@ from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.sharded import SlotSlice, keras_file_methods, shard, whole_view
 from hvdkit.keras.stragglers import AllreduceTimer
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
@@ -55,7 +56,7 @@ def check_distributed(optimizer) -> None:
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
-                         backward_passes_per_step: int = 1):
+                         backward_passes_per_step: int = 1, shard_optimizer_state: bool = False):
     """Step 3: average gradients across ranks before the optimizer applies them.
 
     Keras 3 (TensorFlow or PyTorch backend): the optimizer's ``apply`` is
@@ -73,6 +74,10 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     same weights (:func:`check_weights_at_first_step`): a ``fit`` without
     :func:`hvdkit.keras.callbacks`, or a custom loop without
     :func:`broadcast_state`, raises instead of training the ranks apart.
+
+    ``shard_optimizer_state=True`` (Keras 3) keeps 1/N of the optimizer's
+    state on each rank (ZeRO stage 1, :mod:`hvdkit.keras.sharded`); its
+    checkpoints are whole and load on any world size, sharded or not.
     """
     ctx = current()
     b = backend()
@@ -98,6 +103,9 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         wrapped.apply_gradients = apply_gradients
         wrapped._hvdkit_op = op       # the learning rate's scaling rule, for a checkpoint resumed on another size
         return wrapped
+    if ctx.backend == "tf_keras" and shard_optimizer_state:
+        raise UserError("shard_optimizer_state needs Keras 3 (KERAS_BACKEND=tensorflow or torch); tf-keras's "
+                        "optimizers are Horovod's own: unset TF_USE_LEGACY_KERAS, or leave shard_optimizer_state off")
     if backward_passes_per_step != 1:
         raise UserError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
                          f"gradient_accumulation_steps={backward_passes_per_step} instead")
@@ -108,7 +116,14 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
             optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    if shard_optimizer_state:
+        # The loss scale's optimizer unscales the averaged gradients and skips a non-finite step whole, on
+        # every rank alike; the optimizer inside it is the one that keeps slices.
+        plain = getattr(optimizer, "inner_optimizer", None) or optimizer
+        shard(plain, keras, b.hvd, ctx.rank, ctx.size)
     base = type(optimizer)
+    # A LossScaleOptimizer stores its inner optimizer's variables in Keras's files itself.
+    keras_files = keras_file_methods(base, keras, ctx.size) if shard_optimizer_state and plain is not optimizer else {}
     checked = []
     timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
 
@@ -128,7 +143,8 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     # failed there: "Could not locate class 'DistributedAdam'".
     optimizer.__class__ = type(base.__name__, (base,),
                                {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
-                                "_hvdkit_op": op, "__module__": base.__module__, "__qualname__": base.__qualname__})
+                                "_hvdkit_op": op, "__module__": base.__module__, "__qualname__": base.__qualname__,
+                                **keras_files})
     return optimizer
 
 
@@ -203,7 +219,8 @@ def named_variables(model, optimizer=None) -> list[tuple[str, object]]:
     out = [(names.get(id(v)) or f"model/{_short_name(v)}", v) for v in model.variables]
     if optimizer is not None:
         ensure_built(model, optimizer)
-        out += [(f"optimizer/{i}", v) for i, v in enumerate(optimizer_variables(optimizer))]
+        # A sharded optimizer's slots are seen whole (SlotSlice): a checkpoint holds the unsharded layout.
+        out += [(f"optimizer/{i}", v) for i, v in enumerate(whole_view(optimizer, optimizer_variables(optimizer)))]
     return _numbered_duplicates(out)
 
 
@@ -246,13 +263,15 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
     is taken), so its variables exist on every rank before the broadcast.
     Every variable goes by name (:func:`named_variables`) through
     :func:`hvdkit.runtime.state.broadcast_state`, which first checks that all
-    ranks hold the same names and shapes.
+    ranks hold the same names and shapes. A sharded optimizer's slots stay:
+    each rank holds a different slice of them, and loads cut them alike.
     """
     current()
     if not model.built or not model.variables:
         raise UserError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
                          "or call it on one batch) before broadcast_state/fit")
-    broadcast_variables(backend(), named_variables(model, optimizer), root_rank)
+    named = [(n, v) for n, v in named_variables(model, optimizer) if not isinstance(v, SlotSlice)]
+    broadcast_variables(backend(), named, root_rank)
 
 
 def scale_lr(base_lr: float, op: str = "average") -> float:

@@ -126,6 +126,13 @@ def samples_done(start: int, batches: int, batch_size: int, size: int, total: in
     return min(start + batches * batch_size * size, total)
 
 
+def slice_range(numel: int, rank: int, size: int) -> tuple[int, int]:
+    """The elements ``[start, end)`` of a flattened tensor of ``numel`` elements that ``rank`` holds in sharded
+    optimizer state (both adapters): ``ceil(numel / size)`` each, the last ranks fewer or none."""
+    chunk = math.ceil(numel / size)
+    return min(rank * chunk, numel), min((rank + 1) * chunk, numel)
+
+
 def check_batch_size(batch_size) -> None:
     """A batch of at least one sample, as both adapters' loaders take it."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:

@@ -29,12 +29,12 @@ them (``hk.save_checkpoint`` and ``hk.broadcast_state`` do).
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
+from hvdkit.runtime.sharding import slice_range
 
 # torch's optimizers whose update of an element reads only that element's gradient and state.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
@@ -56,12 +56,6 @@ SCALAR_KEYS = frozenset({"step", "eta", "mu", "mu_product"})
 def _is_full(key: str, value, param: torch.Tensor) -> bool:
     """A state entry laid out like its parameter (a moment), to be cut into slices."""
     return torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == param.numel()
-
-
-def slice_range(numel: int, rank: int, size: int) -> tuple[int, int]:
-    """The elements ``[start, end)`` of a flattened parameter of ``numel`` elements that ``rank`` holds."""
-    chunk = math.ceil(numel / size)
-    return min(rank * chunk, numel), min((rank + 1) * chunk, numel)
 
 
 class Shards:

@@ -1,0 +1,308 @@
+"""Sharded optimizer state for Keras 3 (ZeRO stage 1): each rank keeps 1/N of the optimizer state.
+
+Example::
+
+    opt = hk.DistributedOptimizer(keras.optimizers.AdamW(hk.scale_lr(1e-3)), shard_optimizer_state=True)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=hk.callbacks())
+
+The same design as :mod:`hvdkit.torch.sharded`, on Keras's optimizer API so
+that it serves both backends (TensorFlow, in ``fit``'s graph too, and
+PyTorch): gradients are averaged whole (one grouped allreduce, as without
+sharding); the optimizer is built on one slice of every variable (flattened,
+rank r holds elements ``[r*c, (r+1)*c)``, ``c = ceil(size / N)``), so its
+slots (Adam's moments, SGD's momentum, the accumulators of
+``gradient_accumulation_steps``) exist for that slice only; Keras's own update
+steps the slices; the slices are then all-gathered into the variables, one
+grouped allgather a step, and the variables' constraints applied. Clipping by
+norm (``clipnorm``, ``global_clipnorm``) needs the norms of whole gradients:
+each rank sums the squares of its slices and one allreduce adds them up.
+
+The slices are copies (Keras variables cannot share memory with another
+variable on TensorFlow), refreshed from the variables before every step, so a
+load, a broadcast or a hand-made change of the weights is always seen. Each
+rank holds its slots plus that 1/N copy of the weights.
+
+The optimizer's own variables (``optimizer.variables``) are those of the
+unsharded optimizer, in the same order, each slot cut to the rank's slice.
+hvdkit's checkpoints gather them into the unsharded layout (a collective: every
+rank calls ``hk.save_checkpoint``, as every hvdkit script does) and cut any such
+file for this rank on load, so a checkpoint moves between sharded and
+unsharded jobs and world sizes. Keras's own ``model.save`` cannot see the other
+ranks' slices, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from hvdkit.common.errors import UserError
+from hvdkit.runtime.sharding import slice_range
+
+# Keras's optimizers whose update of an element reads only that element's gradient and slots (plus scalars
+# such as Nadam's u_product). Adafactor (factored moments), Lamb (a trust ratio per variable) and Muon
+# (orthogonalised matrices) read whole variables.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Lion", "Ftrl")
+
+log = logging.getLogger("hvdkit.keras")
+
+
+def check_supported(optimizer) -> None:
+    """Refuse what the slices cannot compute as one process would, naming the fix."""
+    name = type(optimizer).__name__
+    if name not in ELEMENTWISE or not type(optimizer).__module__.startswith("keras."):
+        raise UserError(f"shard_optimizer_state needs an optimizer that updates each element on its own "
+                        f"(Keras's {', '.join(ELEMENTWISE)}), got {name}: shard one of those, or leave "
+                        "shard_optimizer_state off")
+    if optimizer.use_ema:
+        raise UserError("shard_optimizer_state cannot take use_ema=True (the moving averages replace whole "
+                        "weights at the end of fit): leave use_ema off, or shard_optimizer_state off")
+    if optimizer.built:
+        raise UserError("the optimizer was built before DistributedOptimizer(shard_optimizer_state=True), so it "
+                        "holds every slot whole: wrap it before compile, fit or optimizer.build")
+
+
+class Slices:
+    """The variables an optimizer was built for, this rank's slice of each, and which slot belongs to which."""
+
+    def __init__(self, variables: list, rank: int, size: int, keras, hvd):
+        self.keras, self.hvd, self.rank, self.size = keras, hvd, rank, size
+        self.variables = list(variables)
+        self.index = {id(v): k for k, v in enumerate(self.variables)}
+        self.ranges = [slice_range(_numel(v), rank, size) for v in self.variables]
+        # Named as the variable, so that exclude_from_weight_decay(var_names=...) matches the slice as it would
+        # the variable; not a layer's weight, and kept out of the optimizer's tracked variables (a plain object).
+        self.slices = [keras.Variable(keras.ops.zeros((end - start,), dtype=v.dtype), trainable=False,
+                                      name=v.name) for v, (start, end) in zip(self.variables, self.ranges)]
+        self.slot_of: dict[int, int] = {}      # id(slot variable) -> index of the variable it was made for
+        self.save_warned = False
+
+    def refresh(self, k: int) -> None:
+        """Copy variable ``k``'s current elements into its slice."""
+        start, end = self.ranges[k]
+        self.slices[k].assign(self.keras.ops.reshape(self.variables[k], (-1,))[start:end])
+
+    def cut(self, k: int, value):
+        """This rank's part of a whole (flattened) value laid out like variable ``k``."""
+        start, end = self.ranges[k]
+        return self.keras.ops.reshape(value, (-1,))[start:end]
+
+    def gather(self, ks: list[int], values: list) -> list:
+        """Every rank's slice of variables ``ks`` (``values``: this rank's), whole and shaped like the variables."""
+        if not ks:
+            return []
+        from hvdkit.keras.collectives import variable_value
+
+        gathered = self.hvd.grouped_allgather([variable_value(v) for v in values], name="hvdkit.shards")
+        return [self.keras.ops.reshape(full, self.variables[k].shape) for k, full in zip(ks, gathered)]
+
+    def gather_to(self, root: int, ks: list[int], values: list) -> list:
+        """As :meth:`gather`, on rank ``root`` alone (numpy); [] elsewhere. Horovod has no gather: one alltoall
+        per slot, every rank sending its slice to ``root`` and nothing to the others, so a rank that does not
+        write holds no copy of the whole state (:meth:`hvdkit.torch.sharded.Shards._gather_to`)."""
+        from hvdkit.keras.collectives import variable_value
+
+        ops = self.keras.ops
+        out = []
+        for n, (k, value) in enumerate(zip(ks, values)):
+            piece = variable_value(value)
+            splits = [0] * self.size
+            splits[root] = int(ops.size(piece))
+            if self.hvd.__name__ == "horovod.torch":
+                import torch
+
+                splits = torch.tensor(splits, dtype=torch.int32)
+            received = self.hvd.alltoall(piece, splits=splits, name=f"hvdkit.shards.gather.{n}")[0]
+            if self.rank == root:
+                out.append(ops.convert_to_numpy(received).reshape(tuple(self.variables[k].shape)))
+        return out
+
+
+def _numel(variable) -> int:
+    n = 1
+    for d in variable.shape:
+        n *= int(d)
+    return n
+
+
+def shard(optimizer, keras, hvd, rank: int, size: int):
+    """Make ``optimizer`` (a plain Keras 3 optimizer, not built yet) keep this rank's slices only, in place.
+
+    Its class is swapped for a subclass of the same name and module (as
+    :func:`hvdkit.keras.optimizer.DistributedOptimizer` does), so the config
+    and serialization stay the plain optimizer's.
+    """
+    check_supported(optimizer)
+    base = type(optimizer)
+
+    def build(self, variables):
+        if self.built:
+            return
+        variables = list(variables)
+        self._hvdkit_slices = Slices(variables, rank, size, keras, hvd)   # a plain object: Keras tracks no list in it
+        excluded = getattr(self, "_exclude_from_weight_decay", None)
+        if excluded:       # exclude_from_weight_decay(var_list=...) named the variables, not their slices
+            self._exclude_from_weight_decay = excluded | {
+                self._var_key(s) for v, s in zip(variables, self._hvdkit_slices.slices) if self._var_key(v) in excluded}
+        base.build(self, self._hvdkit_slices.slices)
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        slot = base.add_variable_from_reference(self, reference_variable, name=name, initializer=initializer)
+        slices = self.__dict__.get("_hvdkit_slices")
+        if slices is not None:
+            k = next((k for k, s in enumerate(slices.slices) if s is reference_variable), None)
+            if k is not None:
+                slices.slot_of[id(slot)] = k
+        return slot
+
+    def apply(self, grads, trainable_variables=None):
+        if len(grads) == 0:
+            return None
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("build the optimizer on the model's variables before apply(grads) without them")
+            trainable_variables = self._hvdkit_slices.variables
+        trainable_variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name):
+                self.build(trainable_variables)
+            self.built = True
+        slices = self._hvdkit_slices
+        ks = []
+        for v in trainable_variables:
+            k = slices.index.get(id(v))
+            if k is None:
+                raise ValueError(f"Unknown variable: {v.path}. This optimizer can only be called for the variables "
+                                 "it was originally built with.")
+            ks.append(k)
+        for k in ks:
+            slices.refresh(k)
+        base.apply(self, [None if g is None else slices.cut(k, g) for g, k in zip(grads, ks)],
+                   [slices.slices[k] for k in ks])
+        # The same set on every rank (the gradients come from one allreduce), so every rank joins the allgather.
+        stepped = [k for g, k in zip(grads, ks) if g is not None]
+        for k, whole in zip(stepped, slices.gather(stepped, [slices.slices[k] for k in stepped])):
+            variable = slices.variables[k]
+            variable.assign(whole)
+            if variable.constraint is not None:
+                variable.assign(variable.constraint(variable))
+        return None
+
+    def _clip_gradients(self, grads):
+        # The slices' norms are parts of the whole gradients' norms: add up every rank's sums of squares.
+        if not ((self.clipnorm and self.clipnorm > 0) or (self.global_clipnorm and self.global_clipnorm > 0)):
+            return base._clip_gradients(self, grads)
+        ops = keras.ops
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return grads
+        dtype = grads[present[0]].dtype          # float64 gradients keep float64 norms, as in one process
+        sums = ops.stack([ops.cast(ops.sum(ops.square(grads[i])), dtype) for i in present])
+        from hvdkit.keras.collectives import variable_value
+
+        sums = hvd.allreduce(variable_value(sums), op=hvd.Sum, name="hvdkit.shards.norms")
+        out = list(grads)
+        if self.clipnorm and self.clipnorm > 0:
+            # Keras's _clip_by_norm, written as it is (on torch its clipnorm is a float32 tensor, whose rounding
+            # shows at 1e-9 in float64), with the whole variable's norm.
+            for j, i in enumerate(present):
+                out[i] = ops.convert_to_tensor(ops.multiply(grads[i], self.clipnorm)) / ops.maximum(
+                    ops.sqrt(sums[j]), self.clipnorm)
+            return out
+        # keras.optimizers.base_optimizer.clip_by_global_norm, with the norm of every rank's slices.
+        norm = ops.sqrt(ops.sum(sums))
+        scale = self.global_clipnorm * ops.minimum(1.0 / norm, 1.0 / self.global_clipnorm) + (norm - norm)
+        for i in present:
+            out[i] = grads[i] * ops.cast(scale, grads[i].dtype)
+        return out
+
+    optimizer.__class__ = type(base.__name__, (base,), {
+        "build": build, "add_variable_from_reference": add_variable_from_reference, "apply": apply,
+        "_clip_gradients": _clip_gradients, **keras_file_methods(base, keras, size), "_hvdkit_sharded": True,
+        "__module__": base.__module__, "__qualname__": base.__qualname__})
+    return optimizer
+
+
+def keras_file_methods(base: type, keras, size: int) -> dict:
+    """``save_own_variables``/``load_own_variables`` for a sharded optimizer, or a LossScaleOptimizer around one
+    (whose own methods store its inner optimizer's variables): Keras's model.save, save_weights and ModelCheckpoint.
+
+    They run on the rank that writes, alone, which holds 1/N of the state and cannot gather the rest: on
+    several ranks the file keeps the weights and an hvdkit: warning says so (loading it starts the optimizer
+    afresh, as Keras does for a file saved before the optimizer was built). A file of the unsharded layout (an
+    unsharded job's, or one rank's) loads on every rank, each keeping its slices.
+    """
+    def save_own_variables(self, store):
+        slices = sharded_part(self).__dict__.get("_hvdkit_slices")
+        if slices is None:                 # not built: no state to keep
+            return base.save_own_variables(self, store)
+        entries = whole_view(self, self.variables)
+        if size == 1:     # one rank holds every slice: the unsharded layout, slots shaped as their variables
+            for i, entry in enumerate(entries):
+                store[str(i)] = entry.whole() if isinstance(entry, SlotSlice) else keras.ops.convert_to_numpy(entry)
+            return None
+        if not slices.save_warned:     # once: Keras saves a LossScaleOptimizer and its inner optimizer both
+            slices.save_warned = True
+            log.warning("hvdkit: model.save/save_weights (and ModelCheckpoint) keep the weights but not the sharded "
+                        "optimizer's state, which is spread over the %d ranks: save with hk.save_checkpoint(path, "
+                        "model, optimizer) on every rank to keep both (it writes the whole state on rank 0)", size)
+        return None
+
+    def load_own_variables(self, store):
+        variables = self.variables
+        if len(store.keys()) != len(variables):
+            return base.load_own_variables(self, store)      # Keras's own warning: the state is not loaded
+        for i, entry in enumerate(whole_view(self, variables)):
+            entry.assign(store[str(i)])
+        return None
+
+    return {"save_own_variables": save_own_variables, "load_own_variables": load_own_variables}
+
+
+def sharded_part(optimizer):
+    """The sharded optimizer inside ``optimizer`` (itself, or a LossScaleOptimizer's inner one), or None."""
+    for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if candidate is not None and getattr(candidate, "_hvdkit_sharded", False):
+            return candidate
+    return None
+
+
+class SlotSlice:
+    """An optimizer slot seen whole: the shape of its variable; ``assign`` keeps this rank's slice of a whole value."""
+
+    def __init__(self, slot, slices: Slices, k: int):
+        self.slot, self.slices, self.k = slot, slices, k
+        self.shape = tuple(slices.variables[k].shape)
+        self.dtype = slot.dtype
+
+    def whole(self) -> np.ndarray:
+        """The slot shaped as its variable: only where this rank holds every element (one rank)."""
+        return self.slices.keras.ops.convert_to_numpy(self.slot).reshape(self.shape)
+
+    def assign(self, value) -> None:
+        whole = self.slices.keras.ops.convert_to_tensor(np.asarray(value), dtype=self.dtype)   # h5py's too
+        self.slot.assign(self.slices.cut(self.k, whole))
+
+
+def whole_view(optimizer, variables: list) -> list:
+    """``variables`` (the optimizer's, in order) with each slot of a sharded optimizer as a :class:`SlotSlice`."""
+    part = sharded_part(optimizer)
+    if part is None or "_hvdkit_slices" not in part.__dict__:
+        return variables
+    slices = part._hvdkit_slices
+    return [SlotSlice(v, slices, slices.slot_of[id(v)]) if id(v) in slices.slot_of else v for v in variables]
+
+
+def gather_whole(entries: list, root: int) -> list | None:
+    """Every entry's whole value as numpy on rank ``root``, None elsewhere (collective: every rank sends its
+    slices of each :class:`SlotSlice`)."""
+    from hvdkit.keras.checkpoint import _numpy
+
+    cut = [e for e in entries if isinstance(e, SlotSlice)]
+    gathered = cut[0].slices.gather_to(root, [e.k for e in cut], [e.slot for e in cut]) if cut else []
+    if cut and cut[0].slices.rank != root:
+        return None
+    whole = {id(e): value for e, value in zip(cut, gathered)}
+    return [whole[id(e)] if isinstance(e, SlotSlice) else _numpy(e) for e in entries]

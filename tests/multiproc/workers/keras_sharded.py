@@ -1,0 +1,159 @@
+"""Worker: hk.DistributedOptimizer(shard_optimizer_state=True) for Keras 3 against the same job unsharded.
+
+float64, a global batch of 12 rows split over the ranks (so every world size takes the same steps), fit (a
+compiled step on TensorFlow). Phases:
+
+- ``train``: from one start, 20 optimizer steps unsharded, then sharded; each saves a checkpoint (gathered on
+  rank 0), compared entry by entry; each rank reports its optimizer's bytes. With ``--ckpt``, the sharded
+  checkpoint is kept there and the sharded job goes on 5 steps, reporting its weights.
+- ``resume``: load ``--ckpt`` (sharded with ``--shard``), check that saving it again gives the same file,
+  then 5 steps, reporting the weights.
+- ``refusals``: what sharding cannot do, one UserError each.
+"""
+
+import argparse
+import os
+
+import numpy as np
+from keras_common import parse_args
+from rank_results import write_result
+
+import hvdkit.keras as hk
+
+p = argparse.ArgumentParser()
+p.add_argument("--phase", choices=["train", "resume", "refusals"], default="train")
+p.add_argument("--optimizer", choices=["adam", "sgd", "adamw"], default="adam")
+p.add_argument("--clip", choices=["none", "global", "each"], default="none")
+p.add_argument("--accumulate", type=int, default=1)
+p.add_argument("--ckpt")
+p.add_argument("--shard", action="store_true")
+p.add_argument("--keras-files", action="store_true", help="also save and load with Keras's own save_weights")
+p.add_argument("--mixed", action="store_true", help="mixed_float16 (a LossScaleOptimizer), float32 weights")
+args = parse_args(p)
+
+keras = hk.use_backend(args.mode)
+ctx = hk.init(threads=1)
+if args.mixed:
+    keras.mixed_precision.set_global_policy("mixed_float16")
+else:
+    keras.config.set_floatx("float64")
+GLOBAL, STEPS, MORE = 12, 20, 5
+b = GLOBAL // ctx.size
+rng = np.random.default_rng(0)
+x_all = rng.standard_normal((GLOBAL * (STEPS + MORE) * args.accumulate, 16))
+y_all = rng.integers(0, 5, len(x_all))
+
+
+def build():
+    keras.utils.set_random_seed(7)        # every rank alike (the broadcast is tested elsewhere)
+    return keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(37, activation="tanh", kernel_constraint=keras.constraints.MaxNorm(1.5)),
+        keras.layers.Dense(5, name="head")])
+
+
+def optimizer_for(shard):
+    # Small enough to clip every step (a fresh model's gradients are far longer).
+    clip = {"none": {}, "global": {"global_clipnorm": 0.05}, "each": {"clipnorm": 0.02}}[args.clip]
+    accumulate = {"gradient_accumulation_steps": args.accumulate} if args.accumulate > 1 else {}
+    if args.optimizer == "sgd":
+        opt = keras.optimizers.SGD(0.05, momentum=0.9, **clip, **accumulate)
+    elif args.optimizer == "adamw":
+        opt = keras.optimizers.AdamW(0.01, weight_decay=0.1, **clip, **accumulate)
+        opt.exclude_from_weight_decay(var_names=["bias"])
+    else:
+        opt = keras.optimizers.Adam(0.01, **clip, **accumulate)
+    return hk.DistributedOptimizer(opt, shard_optimizer_state=shard)
+
+
+def fit(model, steps, first):
+    """``steps`` optimizer steps of the global batches from ``first`` on; this rank's rows of each."""
+    rows = slice(first * GLOBAL * args.accumulate, (first + steps) * GLOBAL * args.accumulate)
+    x, y = hk.shard_arrays(x_all[rows], y_all[rows])
+    model.fit(x, y, batch_size=b, epochs=1, shuffle=False, verbose=0, callbacks=hk.callbacks())
+
+
+def compiled(shard):
+    model = build()
+    opt = optimizer_for(shard)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, opt
+
+
+def read(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files if k != "header"}
+
+
+def weights(model):
+    return [float(v) for w in model.get_weights() for v in np.ravel(w)]
+
+
+def state_bytes(opt):
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in opt.variables)
+
+
+result = {"size": ctx.size, "rank": ctx.rank}
+if args.phase == "train":
+    files = {}
+    for shard in (False, True):
+        model, opt = compiled(shard)
+        start = weights(model)
+        fit(model, STEPS, 0)
+        if args.keras_files and ctx.is_main:      # as ModelCheckpoint does: the writing rank alone
+            model.save_weights(os.path.join(args.out, f"{shard}.weights.h5"))
+        result[f"{'sharded' if shard else 'plain'}_bytes"] = state_bytes(opt)
+        files[shard] = args.ckpt if shard and args.ckpt else os.path.join(args.out, f"ckpt-{shard}.npz")
+        hk.save_checkpoint(files[shard], model, opt, step=STEPS)     # every rank: the slices go to rank 0
+        result["moved"] = max(abs(a - c) for a, c in zip(start, weights(model)))
+        result["iterations"] = int(keras.ops.convert_to_numpy(opt.iterations))
+    if ctx.is_main:
+        plain, sharded = read(files[False]), read(files[True])
+        result["same_entries"] = sorted(plain) == sorted(sharded)
+        result["diff"] = {k: float(np.max(np.abs(plain[k] - sharded[k]))) if plain[k].size else 0.0 for k in plain}
+    if args.keras_files:
+        # An unsharded job's Keras file, loaded by every rank of a sharded one: each keeps its slices.
+        model, opt = compiled(True)
+        opt.build(model.trainable_variables)
+        model.load_weights(os.path.join(args.out, "False.weights.h5"))
+        loaded = os.path.join(args.out, "loaded.npz")
+        hk.save_checkpoint(loaded, model, opt, step=STEPS)
+        if ctx.is_main:
+            again = read(loaded)
+            result["keras_file_diff"] = max(float(np.max(np.abs(plain[k] - again[k]))) if plain[k].size else 0.0
+                                            for k in plain)
+    if args.ckpt:
+        fit(model, MORE, STEPS)
+        result["after"] = weights(model)
+elif args.phase == "resume":
+    model, opt = compiled(args.shard)
+    hk.load_checkpoint(args.ckpt, model, opt)
+    again = os.path.join(args.out, "again.npz")
+    hk.save_checkpoint(again, model, opt, step=STEPS)
+    if ctx.is_main:
+        before, after = read(args.ckpt), read(again)
+        result["resave_diff"] = max(float(np.max(np.abs(before[k] - after[k]))) if before[k].size else 0.0
+                                    for k in before)
+    fit(model, MORE, STEPS)
+    result["after"] = weights(model)
+    result["sharded"] = getattr(opt, "_hvdkit_sharded", False)
+else:
+    errors = {}
+
+    def refused(name, action):
+        try:
+            action()
+        except hk.UserError as exc:
+            errors[name] = str(exc)
+
+    refused("lamb", lambda: hk.DistributedOptimizer(keras.optimizers.Lamb(0.01), shard_optimizer_state=True))
+    refused("ema", lambda: hk.DistributedOptimizer(keras.optimizers.Adam(0.01, use_ema=True),
+                                                   shard_optimizer_state=True))
+    built = keras.optimizers.Adam(0.01)
+    built.build(build().trainable_variables)
+    refused("built", lambda: hk.DistributedOptimizer(built, shard_optimizer_state=True))
+    model, opt = compiled(True)
+    fit(model, 1, 0)
+    refused("elastic", lambda: hk.elastic.ElasticState(model, opt))
+    result["errors"] = errors
+write_result(args.out, ctx.rank, result)
