@@ -33,6 +33,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
                    help="send gradients as float16 or bfloat16 (half the bytes)")
+    p.add_argument("--shard-optimizer-state", action="store_true",
+                   help="keep 1/N of the optimizer state on each process (ZeRO stage 1)")
     p.add_argument("--checkpoint", metavar="FILE", default=None, help="save here after training (.npz)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="on SIGTERM/SIGUSR1 to any rank: checkpoint mid-epoch as DIR/ckpt-<step>.npz, exit 75")
@@ -74,7 +76,8 @@ def main():
 
     model = build_model(keras)
     optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)),  # hvdkit: lr x size, averaged
-                                        compression=args.compression)
+                                        compression=args.compression,
+                                        shard_optimizer_state=args.shard_optimizer_state)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     checkpoint_dir = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else None  # '/': a directory
     if args.resume and checkpoint_dir:

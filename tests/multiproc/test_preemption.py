@@ -219,14 +219,17 @@ def test_a_keras_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size
         assert kernel == pytest.approx([-0.01] * 600, abs=1e-6)
 
 
-@pytest.mark.parametrize("controller", ["default", "gloo"])
-def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_processes(tmp_path, controller):
+@pytest.mark.parametrize("controller, shard", [("default", False), ("gloo", True)])
+def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_processes(tmp_path, controller, shard):
     """examples/keras_mnist.py --checkpoint-dir DIR under `hvdkit launch`: SIGTERM to rank 1 mid-run -> every
     rank stops at one batch, the launcher exits 75 over a checkpoint named by the job's sample count; --resume
     on 3 processes finishes the epoch from that sample at the 3-process rate. Before, the Keras example had no
-    --resume, and the preemption checkpoint held each rank's batch index, which a 3-process job misreads."""
+    --resume, and the preemption checkpoint held each rank's batch index, which a 3-process job misreads. With
+    --shard-optimizer-state the preemption's save gathers both ranks' slices into one unsharded-layout file,
+    and 3 processes cut it into their own."""
     ckpts = tmp_path / "ckpts"
-    example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "8", "--checkpoint-dir", str(ckpts), "--json"]
+    example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "8", "--checkpoint-dir", str(ckpts), "--json",
+               *(["--shard-optimizer-state"] if shard else [])]
     flags = ["--gloo"] if controller == "gloo" else []
 
     def rank_1_pid() -> int:
@@ -246,6 +249,13 @@ def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_pro
     if samples == 0:                     # stopped at an epoch's last batch: that epoch's 1438 samples
         epoch, samples = epoch - 1, 1438
     assert epoch >= 2 and 0 < samples <= 1438 and (samples % (2 * 32) == 0 or samples == 1438), (epoch, samples)
+    if shard:     # the unsharded layout: every slot shaped as its weight (a rank's slice would be flat)
+        import numpy as np
+
+        with np.load(ckpts / saved[0]) as f:
+            model_shapes = {f[k].shape for k in f.files if k.startswith("model_")}
+            slots = [f[k].shape for k in f.files if k.startswith("optimizer_") and f[k].ndim]
+        assert slots and all(s in model_shapes for s in slots) and max(map(len, slots)) == 4, slots
     launch3 = hvdkit_cmd("launch", "-np", "3", "-H", "localhost:3", *flags, "--", sys.executable, *example,
                          "--resume")
     proc = run_job(launch3, timeout=300)
