@@ -1,12 +1,18 @@
 """Issue 39: optimizer-state memory per rank and step time, sharded against unsharded hvdkit and torch's ZeRO.
 
 Run from the repository root: .venv/bin/python docs/bench/sharded_state.py [--steps 5] [--np 1,2,4]
-Each (model, world size, implementation) is one job on this host, run in turn, the three at one size back to
+Each (model, world size, implementation) is one job on this host, run in turn, those at one size back to
 back: hvdkit (DistributedOptimizer, Adam), hvdkit-sharded (shard_optimizer_state=True) under horovodrun,
 and torch-zero (DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer over Adam, Gloo)
 under torchrun. Memory is the bytes of the optimizer state each rank holds (every tensor in the state, the
 largest rank's), time the median of the timed steps on rank 0. The table goes to stdout and
 docs/bench/sharded_state.txt.
+
+Keras 3 on TensorFlow (keras.applications.ResNet50, the resnet50 model only), in the same run as its torch
+peers: .venv/bin/python docs/bench/sharded_state.py --models resnet50 --impls keras,keras-sharded,hvdkit,
+hvdkit-sharded,torch-zero --table sharded_state_keras.txt. Its memory is the bytes of optimizer.variables
+(the slots, the step count and the rate), and "copies MiB" the slices of the weights a sharded rank keeps
+beside them (docs/ADAPTERS.md); its step is model.train_on_batch (fit's compiled step).
 """
 
 import argparse
@@ -19,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-IMPLS = ("hvdkit", "hvdkit-sharded", "torch-zero")
+IMPLS = ("hvdkit", "hvdkit-sharded", "torch-zero", "keras", "keras-sharded")
 
 
 def transformer():
@@ -50,7 +56,40 @@ def batch(model_name, size, generator):
     return tokens, tokens.flatten()
 
 
+def keras_worker(args):
+    import numpy as np
+
+    import hvdkit.keras as hk
+
+    keras = hk.use_backend("tensorflow")
+    ctx = hk.init(seed=0, threads=1)
+    model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
+    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(1e-4),
+                                        shard_optimizer_state=args.impl.endswith("sharded"))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    hk.broadcast_state(model, optimizer)           # builds the optimizer: its slots exist before the first step
+    rng = np.random.default_rng(ctx.rank)
+    times = []
+    for step in range(args.warmup + args.steps):
+        x = rng.standard_normal((args.batch_size, 64, 64, 3)).astype("float32")
+        y = rng.integers(0, 10, args.batch_size)
+        hk.metric_average(0.0, name="bench.barrier")
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    state_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables)
+    slices = optimizer.__dict__.get("_hvdkit_slices")
+    copies = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in slices.slices) if slices else 0
+    out = Path(args.out) / f"rank{ctx.rank}.json"
+    out.write_text(json.dumps({"rank": ctx.rank, "size": ctx.size, "state_bytes": state_bytes, "copy_bytes": copies,
+                               "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+                               "step_s": statistics.median(times)}))
+
+
 def worker(args):
+    if args.impl.startswith("keras"):
+        return keras_worker(args)
     import torch
     import torch.nn.functional as F
 
@@ -108,14 +147,15 @@ def launch(impl, model, np, args, out):
         cmd = [str(py.parent / "torchrun"), "--standalone", f"--nproc-per-node={np}", *argv]
     else:
         cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", str(py), *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}",
+               TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{impl} {model} np={np} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(np)]
     assert {r["size"] for r in ranks} == {np}
     return {"state_mib": max(r["state_bytes"] for r in ranks) / 2**20, "step_s": ranks[0]["step_s"],
-            "params": ranks[0]["params"]}
+            "params": ranks[0]["params"], "copy_mib": max(r.get("copy_bytes", 0) for r in ranks) / 2**20}
 
 
 def main():
@@ -129,6 +169,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default="/tmp/sharded-state")
+    p.add_argument("--impls", default="hvdkit,hvdkit-sharded,torch-zero")
+    p.add_argument("--table", default="sharded_state.txt", help="the file under docs/bench/")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -137,22 +179,26 @@ def main():
     rows = []
     for model in args.models.split(","):
         for np in (int(n) for n in args.np.split(",")):
-            for impl in IMPLS:
+            for impl in args.impls.split(","):
+                if impl not in IMPLS:
+                    raise SystemExit(f"error: unknown implementation {impl!r}: give some of {', '.join(IMPLS)}")
                 out = Path(args.out) / f"{model}-{np}-{impl}"
                 out.mkdir(parents=True, exist_ok=True)
                 load = os.getloadavg()[0]
                 measured = launch(impl, model, np, args, out)
                 rows.append({"model": model, "np": np, "impl": impl, "load": load, **measured})
                 print(json.dumps(rows[-1]), flush=True)
-    base = {(r["model"], r["np"]): r for r in rows if r["impl"] == "hvdkit"}
+    # Each framework's share is of its own unsharded state at the same size.
+    base = {(r["impl"].startswith("keras"), r["model"], r["np"]): r for r in rows if r["impl"] in ("hvdkit", "keras")}
     lines = [f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}; "
              "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size",
-             f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'step s':>9}{'load':>6}"]
+             f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'copies MiB':>11}{'step s':>9}"
+             f"{'load':>6}"]
     for r in rows:
-        share = r["state_mib"] / base[(r["model"], r["np"])]["state_mib"]
+        share = r["state_mib"] / base[(r["impl"].startswith("keras"), r["model"], r["np"])]["state_mib"]
         lines.append(f"{r['model']:<12}{r['np']:>3}  {r['impl']:<15}{r['state_mib']:>10.1f}{share:>8.3f}"
-                     f"{r['step_s']:>9.3f}{r['load']:>6.2f}")
-    write_table(ROOT / "docs" / "bench" / "sharded_state.txt", lines)
+                     f"{r['copy_mib']:>11.1f}{r['step_s']:>9.3f}{r['load']:>6.2f}")
+    write_table(ROOT / "docs" / "bench" / args.table, lines)
 
 
 if __name__ == "__main__":

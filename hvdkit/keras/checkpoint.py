@@ -26,6 +26,7 @@ import os
 import numpy as np
 
 import hvdkit
+from hvdkit.keras.collectives import variable_numpy
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
 from hvdkit.keras.sharded import gather_whole, sharded_part
@@ -44,11 +45,6 @@ FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, diges
 READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
 
 
-def _numpy(variable) -> np.ndarray:
-    value = variable.numpy() if hasattr(variable, "numpy") else variable.value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
                     keep_last: int | None = None, **extra) -> bool:
     """Write model and optimizer variables and ``extra`` on rank 0 only (atomic, self-verifying).
@@ -62,7 +58,7 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
         return False
     named = named_variables(model, optimizer)
     # A sharded optimizer's slots are gathered on rank 0 from every rank (collective: every rank calls this).
-    whole = gather_whole([v for _, v in named], root=0) if sharded else [_numpy(v) for _, v in named]
+    whole = gather_whole([v for _, v in named], root=0) if sharded else [variable_numpy(v) for _, v in named]
     if not ctx.is_main:
         return False
     values = dict(zip((n for n, _ in named), whole))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from hvdkit.runtime.backend import Backend
 from hvdkit.runtime.state import broadcast_state
 
@@ -37,6 +39,12 @@ def variable_value(variable):
     if callable(value):                  # tf-keras variables are tf.Variables, whose .value is a method
         return variable
     return value.detach() if hasattr(value, "detach") else value
+
+
+def variable_numpy(variable) -> np.ndarray:
+    """A Keras variable's value as a numpy array (off the device)."""
+    value = variable.numpy() if hasattr(variable, "numpy") else variable.value.detach().cpu().numpy()
+    return np.asarray(value)
 
 
 def broadcast_variables(backend: Backend, named: list[tuple[str, object]], root_rank: int,

@@ -25,8 +25,7 @@ from horovod.common.elastic import ObjectState
 
 from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
-from hvdkit.keras.checkpoint import _numpy
-from hvdkit.keras.collectives import broadcast_variables
+from hvdkit.keras.collectives import broadcast_variables, variable_numpy
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import named_variables, set_learning_rate
 from hvdkit.keras.sharded import sharded_part
@@ -66,7 +65,7 @@ class ElasticState(ElasticCommits, ObjectState):
 
     # -- what a commit holds -------------------------------------------------------
     def _save_variables(self) -> None:
-        self._saved_values = [np.array(_numpy(v), copy=True) for _, v in self._named]
+        self._saved_values = [np.array(variable_numpy(v), copy=True) for _, v in self._named]
 
     def save(self) -> None:
         self._save_variables()

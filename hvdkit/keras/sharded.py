@@ -39,6 +39,7 @@ import logging
 import numpy as np
 
 from hvdkit.common.errors import UserError
+from hvdkit.keras.collectives import variable_numpy, variable_value
 from hvdkit.runtime.sharding import slice_range
 
 # Keras's optimizers whose update of an element reads only that element's gradient and slots (plus scalars
@@ -93,8 +94,6 @@ class Slices:
         """Every rank's slice of variables ``ks`` (``values``: this rank's), whole and shaped like the variables."""
         if not ks:
             return []
-        from hvdkit.keras.collectives import variable_value
-
         gathered = self.hvd.grouped_allgather([variable_value(v) for v in values], name="hvdkit.shards")
         return [self.keras.ops.reshape(full, self.variables[k].shape) for k, full in zip(ks, gathered)]
 
@@ -102,8 +101,6 @@ class Slices:
         """As :meth:`gather`, on rank ``root`` alone (numpy); [] elsewhere. Horovod has no gather: one alltoall
         per slot, every rank sending its slice to ``root`` and nothing to the others, so a rank that does not
         write holds no copy of the whole state (:meth:`hvdkit.torch.sharded.Shards._gather_to`)."""
-        from hvdkit.keras.collectives import variable_value
-
         ops = self.keras.ops
         out = []
         for n, (k, value) in enumerate(zip(ks, values)):
@@ -162,7 +159,8 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
             return None
         if trainable_variables is None:
             if not self.built:
-                raise ValueError("build the optimizer on the model's variables before apply(grads) without them")
+                raise UserError("apply(grads) without the variables needs a built optimizer: call "
+                                "optimizer.build(model.trainable_variables) first, or pass the variables")
             trainable_variables = self._hvdkit_slices.variables
         trainable_variables = list(trainable_variables)
         if not self.built:
@@ -174,8 +172,8 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
         for v in trainable_variables:
             k = slices.index.get(id(v))
             if k is None:
-                raise ValueError(f"Unknown variable: {v.path}. This optimizer can only be called for the variables "
-                                 "it was originally built with.")
+                raise UserError(f"variable {v.path} is not one this sharded optimizer was built for: apply it to the "
+                                "variables it was built on, or make a new optimizer for a new set of variables")
             ks.append(k)
         for k in ks:
             slices.refresh(k)
@@ -200,8 +198,6 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
             return grads
         dtype = grads[present[0]].dtype          # float64 gradients keep float64 norms, as in one process
         sums = ops.stack([ops.cast(ops.sum(ops.square(grads[i])), dtype) for i in present])
-        from hvdkit.keras.collectives import variable_value
-
         sums = hvd.allreduce(variable_value(sums), op=hvd.Sum, name="hvdkit.shards.norms")
         out = list(grads)
         if self.clipnorm and self.clipnorm > 0:
@@ -298,11 +294,9 @@ def whole_view(optimizer, variables: list) -> list:
 def gather_whole(entries: list, root: int) -> list | None:
     """Every entry's whole value as numpy on rank ``root``, None elsewhere (collective: every rank sends its
     slices of each :class:`SlotSlice`)."""
-    from hvdkit.keras.checkpoint import _numpy
-
     cut = [e for e in entries if isinstance(e, SlotSlice)]
     gathered = cut[0].slices.gather_to(root, [e.k for e in cut], [e.slot for e in cut]) if cut else []
     if cut and cut[0].slices.rank != root:
         return None
     whole = {id(e): value for e, value in zip(cut, gathered)}
-    return [whole[id(e)] if isinstance(e, SlotSlice) else _numpy(e) for e in entries]
+    return [whole[id(e)] if isinstance(e, SlotSlice) else variable_numpy(e) for e in entries]
