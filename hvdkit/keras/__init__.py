@@ -7,7 +7,7 @@
     opt = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(0.01)))   # 3, 5
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(x, y, verbose=ctx.verbose, callbacks=hk.callbacks(warmup_epochs=2))   # 4, warmup, metrics
-    hk.save_checkpoint("ckpt.npz", model, opt, epoch=1)          # 6 (rank 0 only)
+    hk.save_checkpoint("ckpt.npz", model, opt, epoch=1)          # 6 (every rank calls; rank 0 writes)
 
 Choose the backend with KERAS_BACKEND=tensorflow|torch, or TF_USE_LEGACY_KERAS=1
 for tf-keras, before importing keras. Launch with ``horovodrun -np 2 python train.py``.

@@ -29,7 +29,7 @@ import hvdkit
 from hvdkit.keras.collectives import variable_numpy
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
-from hvdkit.keras.sharded import gather_whole, sharded_part
+from hvdkit.keras.sharded import check_same_loads, gather_whole, sharded_part
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
@@ -47,10 +47,12 @@ READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
                     keep_last: int | None = None, **extra) -> bool:
-    """Write model and optimizer variables and ``extra`` on rank 0 only (atomic, self-verifying).
+    """Write model and optimizer variables and ``extra`` on rank 0 (atomic, self-verifying); call it on every rank.
 
     ``path`` is a file or a directory (ending in '/') of ``ckpt-<step>.npz``
-    files, as in :func:`hvdkit.torch.save_checkpoint`.
+    files, as in :func:`hvdkit.torch.save_checkpoint`. The other ranks return
+    False at once, except with a sharded optimizer, whose slots they send to
+    rank 0 first (a collective: under ``if ctx.is_main:`` rank 0 would wait).
     """
     ctx = current()
     sharded = optimizer is not None and sharded_part(optimizer) is not None
@@ -58,6 +60,8 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
         return False
     named = named_variables(model, optimizer)
     # A sharded optimizer's slots are gathered on rank 0 from every rank (collective: every rank calls this).
+    if sharded:
+        check_same_loads(optimizer, backend(), "hk.save_checkpoint")
     whole = gather_whole([v for _, v in named], root=0) if sharded else [variable_numpy(v) for _, v in named]
     if not ctx.is_main:
         return False

@@ -15,7 +15,7 @@ from hvdkit.common.errors import UserError
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
-from hvdkit.keras.sharded import SlotSlice, keras_file_methods, shard, whole_view
+from hvdkit.keras.sharded import SlotSlice, check_same_loads, keras_file_methods, shard, sharded_part, whole_view
 from hvdkit.keras.stragglers import AllreduceTimer
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
@@ -44,7 +44,17 @@ def check_distributed(optimizer) -> None:
     :func:`DistributedOptimizer`) averages no gradients: each rank trains its
     own model. The message names the wrapped optimizer at the same rate.
     """
-    if current().size == 1 or optimizer is None or is_distributed(optimizer):
+    if current().size == 1 or optimizer is None:
+        return
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None and not getattr(optimizer, "_hvdkit_distributed", False) and is_distributed(inner):
+        # compile's LossScaleOptimizer, outside the averaging: each rank would check its own gradients, and a rank
+        # that skips an overflowing step leaves the others waiting in its allreduce.
+        raise UserError("compile wrapped hk.DistributedOptimizer in a LossScaleOptimizer (the model's dtype policy "
+                        "is mixed_float16, the global one was not when the optimizer was wrapped), so each rank would "
+                        "skip overflowing steps on its own gradients and the others would wait for it: call "
+                        "keras.mixed_precision.set_global_policy('mixed_float16') before hk.DistributedOptimizer")
+    if is_distributed(optimizer):
         return
     plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer
     name = type(plain).__name__
@@ -85,6 +95,9 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
     b.compression(compression)     # a Horovod built before bf16 says so here, not inside fit's first step
+    if ctx.backend == "tf_keras" and shard_optimizer_state:
+        raise UserError("shard_optimizer_state needs Keras 3 (KERAS_BACKEND=tensorflow or torch); tf-keras's "
+                        "optimizers are Horovod's own: unset TF_USE_LEGACY_KERAS, or leave shard_optimizer_state off")
     if ctx.backend == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
 
@@ -103,9 +116,6 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         wrapped.apply_gradients = apply_gradients
         wrapped._hvdkit_op = op       # the learning rate's scaling rule, for a checkpoint resumed on another size
         return wrapped
-    if ctx.backend == "tf_keras" and shard_optimizer_state:
-        raise UserError("shard_optimizer_state needs Keras 3 (KERAS_BACKEND=tensorflow or torch); tf-keras's "
-                        "optimizers are Horovod's own: unset TF_USE_LEGACY_KERAS, or leave shard_optimizer_state off")
     if backward_passes_per_step != 1:
         raise UserError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
                          f"gradient_accumulation_steps={backward_passes_per_step} instead")
@@ -116,22 +126,26 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
             optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    base = type(optimizer)
+    keras_files = {}
     if shard_optimizer_state:
         # The loss scale's optimizer unscales the averaged gradients and skips a non-finite step whole, on
         # every rank alike; the optimizer inside it is the one that keeps slices.
         plain = getattr(optimizer, "inner_optimizer", None) or optimizer
         shard(plain, keras, b.hvd, ctx.rank, ctx.size)
-    base = type(optimizer)
-    # A LossScaleOptimizer stores its inner optimizer's variables in Keras's files itself.
-    keras_files = keras_file_methods(base, keras, ctx.size) if shard_optimizer_state and plain is not optimizer else {}
+        base = type(optimizer)
+        if plain is not optimizer:      # a LossScaleOptimizer stores its inner optimizer's variables in Keras's files
+            keras_files = keras_file_methods(base, keras, ctx.size)
     checked = []
     timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
 
     def apply(self, grads, trainable_variables=None):
         if not checked:
             checked.append(True)
-            check_weights_at_first_step(self._trainable_variables if trainable_variables is None
-                                        else trainable_variables)
+            sharded = sharded_part(self)    # built on slices of the variables: check the variables
+            check_weights_at_first_step(trainable_variables if trainable_variables is not None else
+                                        sharded._hvdkit_slices.variables if sharded is not None and sharded.built
+                                        else self._trainable_variables)
         reduced = timer.around(lambda gs: allreduce_gradients(b, gs, op, compression), list(grads))
         return base.apply(self, reduced, trainable_variables)
 
@@ -270,6 +284,8 @@ def broadcast_state(model, optimizer=None, root_rank: int = 0) -> None:
     if not model.built or not model.variables:
         raise UserError("the model has no weights yet: build it first (an Input layer, model.build(shape), "
                          "or call it on one batch) before broadcast_state/fit")
+    if optimizer is not None and sharded_part(optimizer) is not None:
+        check_same_loads(optimizer, backend(), "hk.broadcast_state")
     named = [(n, v) for n, v in named_variables(model, optimizer) if not isinstance(v, SlotSlice)]
     broadcast_variables(backend(), named, root_rank)
 

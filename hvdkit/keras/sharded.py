@@ -14,7 +14,10 @@ rank r holds elements ``[r*c, (r+1)*c)``, ``c = ceil(size / N)``), so its
 slots (Adam's moments, SGD's momentum, the accumulators of
 ``gradient_accumulation_steps``) exist for that slice only; Keras's own update
 steps the slices; the slices are then all-gathered into the variables, one
-grouped allgather a step, and the variables' constraints applied. Clipping by
+grouped allgather per ``apply`` (per batch under accumulation, where only
+every k-th changes them: a cost not yet cut), and the variables' constraints
+applied. Weight decay asks Keras's rule of the whole variable, so exclusions
+by variable or by name hold as unsharded. Clipping by
 norm (``clipnorm``, ``global_clipnorm``) needs the norms of whole gradients:
 each rank sums the squares of its slices and one allreduce adds them up.
 
@@ -77,7 +80,12 @@ class Slices:
         # the variable; not a layer's weight, and kept out of the optimizer's tracked variables (a plain object).
         self.slices = [keras.Variable(keras.ops.zeros((end - start,), dtype=v.dtype), trainable=False,
                                       name=v.name) for v, (start, end) in zip(self.variables, self.ranges)]
+        for v, s in zip(self.variables, self.slices):
+            # float8's scales and histories take their gradient as their new value (elementwise: a slice may).
+            s.overwrite_with_gradient = getattr(v, "overwrite_with_gradient", False)
+        self.of_slice = {id(s): k for k, s in enumerate(self.slices)}
         self.slot_of: dict[int, int] = {}      # id(slot variable) -> index of the variable it was made for
+        self.loads = 0           # slot entries loaded from a file: the same count on every rank that loaded it
         self.save_warned = False
 
     def refresh(self, k: int) -> None:
@@ -107,7 +115,7 @@ class Slices:
             piece = variable_value(value)
             splits = [0] * self.size
             splits[root] = int(ops.size(piece))
-            if self.hvd.__name__ == "horovod.torch":
+            if self.keras.backend.backend() == "torch":      # horovod.torch takes the splits as a tensor
                 import torch
 
                 splits = torch.tensor(splits, dtype=torch.int32)
@@ -139,19 +147,21 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
             return
         variables = list(variables)
         self._hvdkit_slices = Slices(variables, rank, size, keras, hvd)   # a plain object: Keras tracks no list in it
-        excluded = getattr(self, "_exclude_from_weight_decay", None)
-        if excluded:       # exclude_from_weight_decay(var_list=...) named the variables, not their slices
-            self._exclude_from_weight_decay = excluded | {
-                self._var_key(s) for v, s in zip(variables, self._hvdkit_slices.slices) if self._var_key(v) in excluded}
         base.build(self, self._hvdkit_slices.slices)
+
+    def _use_weight_decay(self, variable):
+        # Asked of a slice: answered for its variable, so that exclude_from_weight_decay(var_list=..., var_names=...)
+        # matches as it does unsharded, whether called before the build or after.
+        slices = self.__dict__.get("_hvdkit_slices")
+        k = None if slices is None else slices.of_slice.get(id(variable))
+        return base._use_weight_decay(self, variable if k is None else slices.variables[k])
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         slot = base.add_variable_from_reference(self, reference_variable, name=name, initializer=initializer)
         slices = self.__dict__.get("_hvdkit_slices")
-        if slices is not None:
-            k = next((k for k, s in enumerate(slices.slices) if s is reference_variable), None)
-            if k is not None:
-                slices.slot_of[id(slot)] = k
+        k = None if slices is None else slices.of_slice.get(id(reference_variable))
+        if k is not None:
+            slices.slot_of[id(slot)] = k
         return slot
 
     def apply(self, grads, trainable_variables=None):
@@ -163,6 +173,9 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
                                 "optimizer.build(model.trainable_variables) first, or pass the variables")
             trainable_variables = self._hvdkit_slices.variables
         trainable_variables = list(trainable_variables)
+        if len(grads) != len(trainable_variables):
+            raise UserError(f"apply got {len(grads)} gradients for {len(trainable_variables)} variables: give one "
+                            "gradient (or None) per variable, in the variables' order")
         if not self.built:
             with keras.name_scope(self.name):
                 self.build(trainable_variables)
@@ -196,7 +209,10 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return grads
-        dtype = grads[present[0]].dtype          # float64 gradients keep float64 norms, as in one process
+        # The widest of the gradients' dtypes, as Keras's stack promotes (keras.backend.result_type gives float32
+        # for two float64s on torch, which showed at 1e-8 in a float64 job).
+        dtype = max((keras.backend.standardize_dtype(grads[i].dtype) for i in present),
+                    key=lambda d: 2 if d == "bfloat16" else np.dtype(d).itemsize)
         sums = ops.stack([ops.cast(ops.sum(ops.square(grads[i])), dtype) for i in present])
         sums = hvd.allreduce(variable_value(sums), op=hvd.Sum, name="hvdkit.shards.norms")
         out = list(grads)
@@ -215,8 +231,9 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
         return out
 
     optimizer.__class__ = type(base.__name__, (base,), {
-        "build": build, "add_variable_from_reference": add_variable_from_reference, "apply": apply,
-        "_clip_gradients": _clip_gradients, **keras_file_methods(base, keras, size), "_hvdkit_sharded": True,
+        "build": build, "_use_weight_decay": _use_weight_decay,
+        "add_variable_from_reference": add_variable_from_reference, "apply": apply, "_clip_gradients": _clip_gradients,
+        **keras_file_methods(base, keras, size), "_hvdkit_sharded": True,
         "__module__": base.__module__, "__qualname__": base.__qualname__})
     return optimizer
 
@@ -278,8 +295,12 @@ class SlotSlice:
         return self.slices.keras.ops.convert_to_numpy(self.slot).reshape(self.shape)
 
     def assign(self, value) -> None:
-        whole = self.slices.keras.ops.convert_to_tensor(np.asarray(value), dtype=self.dtype)   # h5py's too
-        self.slot.assign(self.slices.cut(self.k, whole))
+        value = np.asarray(value)          # h5py's datasets too
+        if tuple(value.shape) != self.shape:
+            raise UserError(f"optimizer slot {self.slot.path} holds {self.shape} but the file gives {value.shape}: "
+                            "load a file saved from the same model and optimizer")
+        self.slot.assign(self.slices.cut(self.k, self.slices.keras.ops.convert_to_tensor(value, dtype=self.dtype)))
+        self.slices.loads += 1
 
 
 def whole_view(optimizer, variables: list) -> list:
@@ -289,6 +310,20 @@ def whole_view(optimizer, variables: list) -> list:
         return variables
     slices = part._hvdkit_slices
     return [SlotSlice(v, slices, slices.slot_of[id(v)]) if id(v) in slices.slot_of else v for v in variables]
+
+
+def check_same_loads(optimizer, backend, caller: str) -> None:
+    """Refuse, on every rank, slots that some ranks loaded and others did not (collective, named after ``caller``).
+
+    A file loaded on rank 0 alone (``if ctx.is_main: model.load_weights(f)``, then the broadcast that copies an
+    unsharded state) would leave the other ranks' slices as they were, silently; and a rank that saves alone
+    waits here, in a collective named after the call, which hvdkit launch's deadlock line names."""
+    slices = sharded_part(optimizer).__dict__.get("_hvdkit_slices")
+    loads = backend.allgather_object(None if slices is None else slices.loads, name=f"{caller}.sharded_state")
+    if len(set(loads)) > 1:
+        raise UserError(f"the ranks loaded different optimizer states (slot entries loaded per rank: {loads}): with "
+                        "shard_optimizer_state, load on every rank (hk.load_checkpoint does; model.load_weights "
+                        "too, called on every rank, not under `if ctx.is_main:`)")
 
 
 def gather_whole(entries: list, root: int) -> list | None:

@@ -108,3 +108,18 @@ def test_threads_that_tensorflow_can_no_longer_take_are_an_error_not_ignored(tmp
         assert "call init() before any TensorFlow operation, or leave threads unset" in last
     else:
         assert last == "ok"
+
+
+def test_tf_keras_refuses_sharded_optimizer_state_instead_of_ignoring_it(tmp_path):
+    # tf-keras's optimizer is Horovod's own: shard_optimizer_state=True returned it unsharded, silently.
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", KERAS_HOME=str(tmp_path), PYTHONPATH=str(ROOT),
+               TF_CPP_MIN_LOG_LEVEL="3")
+    code = ("import hvdkit.keras as hk\n"
+            "keras = hk.use_backend(None)\n"
+            "hk.init()\n"
+            "try:\n    hk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True); print('ok')\n"
+            "except hk.UserError as exc:\n    print('error:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("error: shard_optimizer_state needs Keras 3") and "unset TF_USE_LEGACY_KERAS" in last, last

@@ -38,6 +38,7 @@ if args.mixed:
 else:
     keras.config.set_floatx("float64")
 GLOBAL, STEPS, MORE = 12, 20, 5
+MAX_NORM = 0.5           # small enough to bind: the columns' norms reach it within the 20 steps
 b = GLOBAL // ctx.size
 rng = np.random.default_rng(0)
 x_all = rng.standard_normal((GLOBAL * (STEPS + MORE) * args.accumulate, 16))
@@ -48,7 +49,7 @@ def build():
     keras.utils.set_random_seed(7)        # every rank alike (the broadcast is tested elsewhere)
     return keras.Sequential([
         keras.Input((16,)),
-        keras.layers.Dense(37, activation="tanh", kernel_constraint=keras.constraints.MaxNorm(1.5)),
+        keras.layers.Dense(37, activation="tanh", kernel_constraint=keras.constraints.MaxNorm(MAX_NORM)),
         keras.layers.Dense(5, name="head")])
 
 
@@ -77,6 +78,9 @@ def compiled(shard):
     model = build()
     opt = optimizer_for(shard)
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if args.optimizer == "adamw":      # an exclusion by variable after the build (one by name came before it)
+        opt.build(model.trainable_variables)
+        opt.exclude_from_weight_decay(var_list=[model.layers[0].kernel])
     return model, opt
 
 
@@ -106,6 +110,8 @@ if args.phase == "train":
         files[shard] = args.ckpt if shard and args.ckpt else os.path.join(args.out, f"ckpt-{shard}.npz")
         hk.save_checkpoint(files[shard], model, opt, step=STEPS)     # every rank: the slices go to rank 0
         result["moved"] = max(abs(a - c) for a, c in zip(start, weights(model)))
+        kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
+        result["constraint_bound"] = bool(abs(np.sqrt((kernel ** 2).sum(axis=0)).max() - MAX_NORM) < 1e-3)
         result["iterations"] = int(keras.ops.convert_to_numpy(opt.iterations))
     if ctx.is_main:
         plain, sharded = read(files[False]), read(files[True])
@@ -155,5 +161,37 @@ else:
     model, opt = compiled(True)
     fit(model, 1, 0)
     refused("elastic", lambda: hk.elastic.ElasticState(model, opt))
+
+    # A file with optimizer state loaded on rank 0 alone, then the broadcast that copies an unsharded state.
+    plain, plain_opt = build(), hk.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    plain.compile(optimizer=plain_opt, loss="mse")
+    plain_opt.build(plain.trainable_variables)
+    weights_file = os.path.join(args.out, "plain.weights.h5")
+    if ctx.is_main:
+        plain.save_weights(weights_file)
+    hk.metric_average(0.0, name="written")        # every rank waits for the file
+    if ctx.is_main:
+        model.load_weights(weights_file)
+    refused("rank0_load", lambda: hk.broadcast_state(model, opt))
+
+    # A custom loop's first apply(grads), the ranks apart (no broadcast_state): the check sees the variables.
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(ctx.rank)
+    apart = keras.Sequential([keras.Input((16,)), keras.layers.Dense(3)])
+    apart_opt = hk.DistributedOptimizer(keras.optimizers.SGD(0.1), shard_optimizer_state=True)
+    apart_opt.build(apart.trainable_variables)
+    with tf.GradientTape() as tape:
+        loss = keras.ops.mean(apart(x_all[:4]) ** 2)
+    grads = tape.gradient(loss, apart.trainable_variables)
+    refused("apart", lambda: apart_opt.apply(grads))
+
+    # The mixed policy set after the optimizer was wrapped: compile puts its LossScaleOptimizer outside.
+    outside = hk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    mixed = build()
+    mixed.compile(optimizer=outside, loss="mse")
+    refused("outside_loss_scale", lambda: mixed.fit(x_all[:12], x_all[:12, :5], verbose=0, callbacks=hk.callbacks()))
+    keras.mixed_precision.set_global_policy("float64")
     result["errors"] = errors
 write_result(args.out, ctx.rank, result)
