@@ -36,8 +36,10 @@ def check_equal_and_a_1_over_n_share(results, np, tolerance):
 
 
 def test_sharded_fit_equals_unsharded_and_holds_a_1_over_n_share(tmp_path):
-    """TensorFlow, 3 ranks under Gloo: SGD with momentum and clipnorm, a MaxNorm constraint that binds."""
-    proc, results = run(tmp_path, 3, "gloo", "--mode", "tensorflow", "--optimizer", "sgd", "--clip", "each")
+    """TensorFlow, 3 ranks under Gloo: SGD with momentum and clipnorm, a MaxNorm constraint that binds, and a
+    bias that takes its gradient as its value (float8's overwrite_with_gradient: the slices were trained)."""
+    proc, results = run(tmp_path, 3, "gloo", "--mode", "tensorflow", "--optimizer", "sgd", "--clip", "each",
+                        "--overwrite-bias")
     check_equal_and_a_1_over_n_share(results, 3, 1e-12)
     assert all(r["iterations"] == 20 for r in results)
     assert "hvdkit:" not in proc.stdout, "a correct script was warned"
@@ -60,16 +62,19 @@ def test_sharded_fit_with_decay_accumulation_and_keras_own_files(tmp_path):
 
 def test_a_sharded_checkpoint_resumes_on_other_world_sizes_sharded_or_not(tmp_path):
     """Saved sharded on 2 ranks under MPI (Adam, global_clipnorm, accumulation): the file is an unsharded
-    optimizer's, entry for entry. Resumed on 1 rank unsharded and on 3 sharded under Gloo: saving the loaded state
-    again gives the same file, and the 5 steps after it end where the 2-rank job's own 5 steps did."""
+    optimizer's, entry for entry. Resumed on 1 rank sharded and on 3 unsharded under Gloo: saving the loaded state
+    again gives the same file, and the 5 steps after it end where the 2-rank job's own 5 steps did. The rank
+    that resumes alone is sharded too: its Keras file holds every slice, and an unsharded optimizer loads it."""
     ckpt = str(tmp_path / "ckpt.npz")
     common = ["--mode", "tensorflow", "--clip", "global", "--accumulate", "2", "--ckpt", ckpt]
     _, saved = run(tmp_path, 2, "mpi", *common, name="save")
     check_equal_and_a_1_over_n_share(saved, 2, 1e-12)
     reference = saved[0]["after"]
-    for name, np, extra in (("one", 1, []), ("three", 3, ["--shard"])):
+    for name, np, extra in (("one", 1, ["--shard"]), ("three", 3, [])):
         _, resumed = run(tmp_path, np, "gloo", *common, "--phase", "resume", *extra, name=name)
         assert resumed[0]["resave_diff"] == 0.0, name
+        if np == 1:
+            assert resumed[0]["keras_file_diff"] == 0.0
         for r in resumed:
             assert r["sharded"] is bool(extra), (name, r)
             assert max(abs(a - b) for a, b in zip(reference, r["after"])) <= 1e-12, (name, r["rank"])

@@ -29,6 +29,8 @@ p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true")
 p.add_argument("--keras-files", action="store_true", help="also save and load with Keras's own save_weights")
 p.add_argument("--mixed", action="store_true", help="mixed_float16 (a LossScaleOptimizer), float32 weights")
+p.add_argument("--overwrite-bias", action="store_true",
+               help="the head's bias takes its gradient as its value (float8's overwrite_with_gradient)")
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)
@@ -47,10 +49,13 @@ y_all = rng.integers(0, 5, len(x_all))
 
 def build():
     keras.utils.set_random_seed(7)        # every rank alike (the broadcast is tested elsewhere)
-    return keras.Sequential([
+    model = keras.Sequential([
         keras.Input((16,)),
         keras.layers.Dense(37, activation="tanh", kernel_constraint=keras.constraints.MaxNorm(MAX_NORM)),
         keras.layers.Dense(5, name="head")])
+    if args.overwrite_bias:
+        model.layers[1].bias.overwrite_with_gradient = True
+    return model
 
 
 def optimizer_for(shard):
@@ -140,6 +145,19 @@ elif args.phase == "resume":
         before, after = read(args.ckpt), read(again)
         result["resave_diff"] = max(float(np.max(np.abs(before[k] - after[k]))) if before[k].size else 0.0
                                     for k in before)
+    if ctx.size == 1 and args.shard:
+        # Keras's own file from one sharded rank holds every slice: the unsharded layout, which an unsharded
+        # optimizer loads as its own.
+        path = os.path.join(args.out, "one.weights.h5")
+        model.save_weights(path)
+        plain, plain_opt = build(), optimizer_for(False)
+        plain.compile(optimizer=plain_opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        plain_opt.build(plain.trainable_variables)
+        plain.load_weights(path)
+        hk.save_checkpoint(os.path.join(args.out, "plain.npz"), plain, plain_opt, step=STEPS)
+        mine, theirs = read(again), read(os.path.join(args.out, "plain.npz"))
+        result["keras_file_diff"] = max(float(np.max(np.abs(mine[k] - theirs[k]))) if mine[k].size else 0.0
+                                        for k in mine)
     fit(model, MORE, STEPS)
     result["after"] = weights(model)
     result["sharded"] = getattr(opt, "_hvdkit_sharded", False)
