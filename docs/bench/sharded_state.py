@@ -195,7 +195,8 @@ def main():
              f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'copies MiB':>11}{'step s':>9}"
              f"{'load':>6}"]
     for r in rows:
-        share = r["state_mib"] / base[(r["impl"].startswith("keras"), r["model"], r["np"])]["state_mib"]
+        unsharded = base.get((r["impl"].startswith("keras"), r["model"], r["np"]))
+        share = r["state_mib"] / unsharded["state_mib"] if unsharded else float("nan")
         lines.append(f"{r['model']:<12}{r['np']:>3}  {r['impl']:<15}{r['state_mib']:>10.1f}{share:>8.3f}"
                      f"{r['copy_mib']:>11.1f}{r['step_s']:>9.3f}{r['load']:>6.2f}")
     write_table(ROOT / "docs" / "bench" / args.table, lines)
