@@ -24,7 +24,9 @@ RUNS = {  # id: (example, its arguments, elastic launch)
     "keras_elastic-tensorflow": ("keras_elastic.py", ["--backend", "tensorflow", "--epochs", "1"], True),
 }
 # Examples whose 2-rank run elsewhere asserts the same (one job checks both: CI's 2 cores pay per job).
-QUIET_ELSEWHERE = {"keras_mnist.py": "test_keras_adapter.py::test_keras_example_trains_on_digits, every backend"}
+QUIET_ELSEWHERE = {"keras_mnist.py": "test_keras_adapter.py::test_keras_example_trains_on_digits (torch, tf_keras) "
+                                     "and test_bf16.py::test_bf16_compression_trains_the_examples_as_well_as_float32 "
+                                     "(tensorflow)"}
 # hvdkit's own warnings, and Python warnings raised from hvdkit's code (a deprecated torch name it touched).
 WARNING = re.compile(r"^.*(\bhvdkit: |/hvdkit/\S+\.py:\d+: \w*Warning).*$", re.MULTILINE)
 

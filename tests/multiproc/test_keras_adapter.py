@@ -116,7 +116,9 @@ def test_jax_backend_fails_at_init_naming_the_supported_backends():
     assert "BackendError" in proc.stderr and "KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch" in proc.stderr
 
 
-@pytest.mark.parametrize("backend", MODES)
+# TensorFlow's run of the shipped example (accuracy, no hvdkit: line) is test_bf16.py's float32 run, 2 ranks
+# under Gloo: one job less on CI's 2 cores.
+@pytest.mark.parametrize("backend", ["torch", "tf_keras"])
 def test_keras_example_trains_on_digits(backend):
     # 6 epochs (the default is 12) reach 97% on digits in half the time.
     cmd = horovodrun_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", backend,
