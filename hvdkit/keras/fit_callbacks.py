@@ -240,6 +240,13 @@ def _learning_rate_warmup(keras) -> type:
                                  "epoch of this data; give callbacks(warmup_steps=...) instead, or "
                                  "fit(steps_per_epoch=...)")
             optimizer = self.model.optimizer
+            schedule = getattr(getattr(optimizer, "inner_optimizer", None) or optimizer, "_learning_rate", None)
+            if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+                raise UserError(f"callbacks(warmup_epochs/warmup_steps) sets the learning rate each batch, but the "
+                                f"optimizer's rate is a schedule ({type(schedule).__name__}), which Keras does not let "
+                                "anyone set: put the warmup in the schedule (e.g. keras.optimizers.schedules."
+                                "CosineDecay(..., warmup_target=hk.scale_lr(lr), warmup_steps=n)) and drop the "
+                                "callbacks' warmup")
             if self.target is None:
                 # A resumed job's optimizer holds the rate its checkpoint saved, mid-warmup a lower one: the
                 # checkpoint carries the target (hvdkit.keras.checkpoint), rescaled for this world size.

@@ -50,10 +50,12 @@ def check_distributed(optimizer) -> None:
     if inner is not None and not getattr(optimizer, "_hvdkit_distributed", False) and is_distributed(inner):
         # compile's LossScaleOptimizer, outside the averaging: each rank would check its own gradients, and a rank
         # that skips an overflowing step leaves the others waiting in its allreduce.
-        raise UserError("compile wrapped hk.DistributedOptimizer in a LossScaleOptimizer (the model's dtype policy "
-                        "is mixed_float16, the global one was not when the optimizer was wrapped), so each rank would "
-                        "skip overflowing steps on its own gradients and the others would wait for it: call "
-                        "keras.mixed_precision.set_global_policy('mixed_float16') before hk.DistributedOptimizer")
+        raise UserError("a LossScaleOptimizer wraps hk.DistributedOptimizer (the script's own, or compile's when the "
+                        "model's dtype policy is mixed_float16 and the global one was not when the optimizer was "
+                        "wrapped), so each rank would skip overflowing steps on its own gradients and the others would "
+                        "wait for it: pass the bare optimizer to hk.DistributedOptimizer after keras.mixed_precision."
+                        "set_global_policy('mixed_float16') (it puts the loss scale inside, on averaged gradients), "
+                        "or wrap keras.optimizers.LossScaleOptimizer(opt) before hk.DistributedOptimizer")
     if is_distributed(optimizer):
         return
     plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer

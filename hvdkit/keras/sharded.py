@@ -65,7 +65,9 @@ def check_supported(optimizer) -> None:
                         "weights at the end of fit): leave use_ema off, or shard_optimizer_state off")
     if optimizer.built:
         raise UserError("the optimizer was built before DistributedOptimizer(shard_optimizer_state=True), so it "
-                        "holds every slot whole: wrap it before compile, fit or optimizer.build")
+                        "holds every slot whole: wrap it before compile, fit or optimizer.build (to resume a Keras "
+                        "file's state, as load_model's optimizer holds it: wrap a new optimizer, build it on "
+                        "model.trainable_variables, then call model.load_weights(file) on every rank)")
 
 
 class Slices:
@@ -94,8 +96,22 @@ class Slices:
         self.slices[k].assign(self.keras.ops.reshape(self.variables[k], (-1,))[start:end])
 
     def cut(self, k: int, value):
-        """This rank's part of a whole (flattened) value laid out like variable ``k``."""
+        """This rank's part of a whole (flattened) value laid out like variable ``k``.
+
+        A TensorFlow ``IndexedSlices`` (an Embedding's gradient: a row per lookup, repeats kept) stays sparse:
+        one entry per element of those rows that falls in the slice. Keras's updates treat sparse gradients
+        their own way (Adam squares each lookup's row before adding repeats up), and the unsharded optimizer
+        sees them sparse, so the slice must too."""
         start, end = self.ranges[k]
+        if type(value).__name__ == "IndexedSlices":
+            import tensorflow as tf
+
+            width = _numel(self.variables[k]) // int(self.variables[k].shape[0])
+            flat = tf.reshape(tf.cast(value.indices, tf.int64)[:, None] * width + tf.range(width, dtype=tf.int64),
+                              [-1])
+            keep = (flat >= start) & (flat < end)
+            return tf.IndexedSlices(tf.boolean_mask(tf.reshape(value.values, [-1]), keep),
+                                    tf.boolean_mask(flat, keep) - start, dense_shape=[end - start])
         return self.keras.ops.reshape(value, (-1,))[start:end]
 
     def gather(self, ks: list[int], values: list) -> list:
@@ -319,7 +335,20 @@ def check_same_loads(optimizer, backend, caller: str) -> None:
     unsharded state) would leave the other ranks' slices as they were, silently; and a rank that saves alone
     waits here, in a collective named after the call, which hvdkit launch's deadlock line names."""
     slices = sharded_part(optimizer).__dict__.get("_hvdkit_slices")
-    loads = backend.allgather_object(None if slices is None else slices.loads, name=f"{caller}.sharded_state")
+    alone = (f"{caller} with shard_optimizer_state is collective (every rank sends its slices), and the other ranks "
+             "did not call it with this one: call it on every rank, not under `if ctx.is_main:`")
+    try:
+        loads = backend.allgather_object((caller, None if slices is None else slices.loads),
+                                         name=f"{caller}.sharded_state")
+    except Exception as exc:  # noqa: BLE001 - Horovod shut down under it: the others had ended
+        if "shut down" in str(exc) or type(exc).__name__ == "HorovodInternalError":
+            raise UserError(alone) from exc
+        raise
+    # On TensorFlow, eager collectives pair up in call order, whatever their names: a rank that called another
+    # collective (the next fit's data check) sent something else.
+    if any(not (isinstance(x, tuple) and len(x) == 2 and x[0] == caller) for x in loads):
+        raise UserError(alone)
+    loads = [x[1] for x in loads]
     if len(set(loads)) > 1:
         raise UserError(f"the ranks loaded different optimizer states (slot entries loaded per rank: {loads}): with "
                         "shard_optimizer_state, load on every rank (hk.load_checkpoint does; model.load_weights "

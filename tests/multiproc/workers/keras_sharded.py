@@ -29,6 +29,8 @@ p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true")
 p.add_argument("--keras-files", action="store_true", help="also save and load with Keras's own save_weights")
 p.add_argument("--mixed", action="store_true", help="mixed_float16 (a LossScaleOptimizer), float32 weights")
+p.add_argument("--embedding", action="store_true",
+               help="an Embedding first (TensorFlow's gradient for it is sparse: IndexedSlices, rows repeated)")
 p.add_argument("--overwrite-bias", action="store_true",
                help="the head's bias takes its gradient as its value (float8's overwrite_with_gradient)")
 args = parse_args(p)
@@ -44,6 +46,8 @@ MAX_NORM = 0.5           # small enough to bind: the columns' norms reach it wit
 b = GLOBAL // ctx.size
 rng = np.random.default_rng(0)
 x_all = rng.standard_normal((GLOBAL * (STEPS + MORE) * args.accumulate, 16))
+if args.embedding:       # 16 token ids a row out of 23: every batch looks rows up many times
+    x_all = rng.integers(0, 23, x_all.shape)
 y_all = rng.integers(0, 5, len(x_all))
 
 
@@ -51,11 +55,16 @@ def build():
     keras.utils.set_random_seed(7)        # every rank alike (the broadcast is tested elsewhere)
     model = keras.Sequential([
         keras.Input((16,)),
+        *([keras.layers.Embedding(23, 3), keras.layers.Flatten()] if args.embedding else []),
         keras.layers.Dense(37, activation="tanh", kernel_constraint=keras.constraints.MaxNorm(MAX_NORM)),
         keras.layers.Dense(5, name="head")])
     if args.overwrite_bias:
-        model.layers[1].bias.overwrite_with_gradient = True
+        dense_layers(model)[1].bias.overwrite_with_gradient = True
     return model
+
+
+def dense_layers(model):
+    return [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
 
 
 def optimizer_for(shard):
@@ -85,7 +94,7 @@ def compiled(shard):
     model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if args.optimizer == "adamw":      # an exclusion by variable after the build (one by name came before it)
         opt.build(model.trainable_variables)
-        opt.exclude_from_weight_decay(var_list=[model.layers[0].kernel])
+        opt.exclude_from_weight_decay(var_list=[dense_layers(model)[0].kernel])
     return model, opt
 
 
@@ -115,7 +124,7 @@ if args.phase == "train":
         files[shard] = args.ckpt if shard and args.ckpt else os.path.join(args.out, f"ckpt-{shard}.npz")
         hk.save_checkpoint(files[shard], model, opt, step=STEPS)     # every rank: the slices go to rank 0
         result["moved"] = max(abs(a - c) for a, c in zip(start, weights(model)))
-        kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
+        kernel = keras.ops.convert_to_numpy(dense_layers(model)[0].kernel)
         result["constraint_bound"] = bool(abs(np.sqrt((kernel ** 2).sum(axis=0)).max() - MAX_NORM) < 1e-3)
         result["iterations"] = int(keras.ops.convert_to_numpy(opt.iterations))
     if ctx.is_main:
@@ -192,6 +201,13 @@ else:
         model.load_weights(weights_file)
     refused("rank0_load", lambda: hk.broadcast_state(model, opt))
 
+    # Horovod's habit: save under `if rank == 0:`. Rank 1's next collective (here a broadcast's) pairs with it on
+    # TensorFlow, where eager collectives pair in call order.
+    if ctx.is_main:
+        refused("save_alone", lambda: hk.save_checkpoint(os.path.join(args.out, "alone.npz"), model, opt))
+    else:
+        refused("save_alone", lambda: hk.broadcast_state(model, opt))
+
     # A custom loop's first apply(grads), the ranks apart (no broadcast_state): the check sees the variables.
     import tensorflow as tf
 
@@ -211,5 +227,18 @@ else:
     mixed.compile(optimizer=outside, loss="mse")
     refused("outside_loss_scale", lambda: mixed.fit(x_all[:12], x_all[:12, :5], verbose=0, callbacks=hk.callbacks()))
     keras.mixed_precision.set_global_policy("float64")
+
+    # The script's own LossScaleOptimizer around the distributed one: the same outside, another message.
+    wrapped = build()
+    wrapped.compile(optimizer=keras.optimizers.LossScaleOptimizer(hk.DistributedOptimizer(keras.optimizers.Adam(0.01))),
+                    loss="mse")
+    refused("own_loss_scale", lambda: wrapped.fit(x_all[:12], x_all[:12, :5], verbose=0, callbacks=hk.callbacks()))
+
+    # The callbacks' warmup sets the rate each batch, which a schedule's optimizer refuses (Keras's TypeError).
+    scheduled = build()
+    scheduled.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(
+        keras.optimizers.schedules.CosineDecay(0.01, decay_steps=10))), loss="mse")
+    refused("warmup_schedule", lambda: scheduled.fit(x_all[:12], x_all[:12, :5], verbose=0,
+                                                     callbacks=hk.callbacks(warmup_epochs=1)))
     result["errors"] = errors
 write_result(args.out, ctx.rank, result)
