@@ -38,6 +38,7 @@ ranks' slices, and says so.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class Slices:
         self.keras, self.hvd, self.rank, self.size = keras, hvd, rank, size
         self.variables = list(variables)
         self.index = {id(v): k for k, v in enumerate(self.variables)}
-        self.ranges = [slice_range(_numel(v), rank, size) for v in self.variables]
+        self.ranges = [slice_range(math.prod(v.shape), rank, size) for v in self.variables]
         # Named as the variable, so that exclude_from_weight_decay(var_names=...) matches the slice as it would
         # the variable; not a layer's weight, and kept out of the optimizer's tracked variables (a plain object).
         self.slices = [keras.Variable(keras.ops.zeros((end - start,), dtype=v.dtype), trainable=False,
@@ -106,7 +107,7 @@ class Slices:
         if type(value).__name__ == "IndexedSlices":
             import tensorflow as tf
 
-            width = _numel(self.variables[k]) // int(self.variables[k].shape[0])
+            width = math.prod(self.variables[k].shape) // int(self.variables[k].shape[0])
             flat = tf.reshape(tf.cast(value.indices, tf.int64)[:, None] * width + tf.range(width, dtype=tf.int64),
                               [-1])
             keep = (flat >= start) & (flat < end)
@@ -139,13 +140,6 @@ class Slices:
             if self.rank == root:
                 out.append(ops.convert_to_numpy(received).reshape(tuple(self.variables[k].shape)))
         return out
-
-
-def _numel(variable) -> int:
-    n = 1
-    for d in variable.shape:
-        n *= int(d)
-    return n
 
 
 def shard(optimizer, keras, hvd, rank: int, size: int):
