@@ -27,8 +27,15 @@ from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
 from hvdkit.keras.nonfinite import nonfinite_loss_callback
-from hvdkit.keras.optimizer import broadcast_state, check_distributed, get_learning_rate, set_learning_rate
+from hvdkit.keras.optimizer import (
+    broadcast_state,
+    check_distributed,
+    get_learning_rate,
+    is_distributed,
+    set_learning_rate,
+)
 from hvdkit.keras.stragglers import straggler_report
+from hvdkit.keras.xla import split_train_step
 from hvdkit.runtime.checkpoint_files import is_directory_target
 from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.runtime.lr import warmup_lr
@@ -63,6 +70,8 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     ctx = current()
     classes = _callback_classes(ctx.backend)
     out = []
+    if ctx.backend == "tensorflow":         # XLA's step and Horovod's allreduce apart (hvdkit/keras/xla.py)
+        out.append(classes["XlaOutsideCollectives"]())
     if check_finite:       # one small allreduce a batch (hvdkit/keras/nonfinite.py); before the preemption
         out.append(classes["StopOnNonFiniteLoss"]())  # checkpoint, which must not save a NaN batch's weights
     out.append(classes["EpochOrder"]())         # sets hk.distributed_batches' epoch; nothing for other data
@@ -107,7 +116,8 @@ def _callback_classes(mode: str) -> dict[str, type]:
                           "EpochOrder": _epoch_order(keras),
                           "StragglerReport": straggler_report(keras, backend),
                           "StopOnNonFiniteLoss": nonfinite_loss_callback(keras, backend),
-                          "TrainEndBarrier": _train_end_barrier(keras, backend)}
+                          "TrainEndBarrier": _train_end_barrier(keras, backend),
+                          "XlaOutsideCollectives": _xla_outside_collectives(keras)}
     return _CLASSES[mode]
 
 
@@ -196,6 +206,22 @@ def _fit_inputs(model):
 
 def _leaves(x) -> list:
     return list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _xla_outside_collectives(keras) -> type:
+    class XlaOutsideCollectives(keras.callbacks.Callback):
+        """With XLA on (jit_compile="auto" on a GPU), fit compiles its step up to the gradients; Horovod runs after.
+
+        Keras calls ``set_model`` before it makes the train function, so the
+        split function is the one fit runs (:func:`hvdkit.keras.xla.split_train_step`).
+        """
+
+        def set_model(self, model):
+            super().set_model(model)
+            if is_distributed(getattr(model, "optimizer", None)):
+                split_train_step(model)
+
+    return XlaOutsideCollectives
 
 
 def _train_end_barrier(keras, backend) -> type:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from hvdkit.common.errors import UserError
+from hvdkit.keras import xla
 from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
@@ -140,8 +141,13 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             keras_files = keras_file_methods(base, keras, ctx.size)
     checked = []
     timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
+    on_tensorflow = ctx.backend == "tensorflow"
 
     def apply(self, grads, trainable_variables=None):
+        if on_tensorflow:
+            if xla.captured(grads, trainable_variables):    # fit's XLA half: the update runs after it, outside
+                return None
+            xla.refuse_inside_xla()
         if not checked:
             checked.append(True)
             sharded = sharded_part(self)    # built on slices of the variables: check the variables

@@ -48,6 +48,9 @@ def layer_class(mode: str):
                 raise UserError("synchronized=True is tf.distribute's; hvdkit.keras.SyncBatchNormalization "
                                  "always synchronizes across Horovod ranks: drop the argument")
             super().__init__(**kwargs)
+            # Its allreduce runs in the forward pass, where hvdkit's XLA step (hvdkit/keras/xla.py) cannot take it
+            # out: Keras then compiles no train step with XLA ("auto" resolves to False), as for its own such layers.
+            self.supports_jit = False
 
         def _moments(self, inputs, mask):
             if backend.hvd.size() == 1:
