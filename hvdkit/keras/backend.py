@@ -41,12 +41,21 @@ def resolve_backend(env: Mapping[str, str] | None = None) -> str:
     Follows Keras's own order: ``KERAS_BACKEND``, then ``~/.keras/keras.json``,
     then TensorFlow, where Keras would fail at import when TensorFlow is not
     installed and hvdkit takes PyTorch (the torch GPU image has no TensorFlow).
+    A ``keras.json`` naming a framework that is not installed is passed over
+    (Keras writes one naming TensorFlow on its first import, in any environment).
     ``TF_USE_LEGACY_KERAS=1`` selects tf-keras, as in TensorFlow.
     """
     env = os.environ if env is None else env
     if _truthy(env.get("TF_USE_LEGACY_KERAS")):
         return "tf_keras"
-    name = env.get("KERAS_BACKEND") or _keras_json_backend(env) or installed_backend()
+    name = env.get("KERAS_BACKEND")
+    if not name:
+        # Keras writes keras.json naming TensorFlow on its first import, wherever it runs: a file that an earlier
+        # run left in a torch-only environment (the torch GPU image) must not make Keras fail there.
+        name = _keras_json_backend(env)
+        if name in ("tensorflow", "torch") and not _installed(name):
+            name = None
+        name = name or installed_backend()
     if name in ("tensorflow", "torch"):
         return name
     raise BackendError(
@@ -55,17 +64,18 @@ def resolve_backend(env: Mapping[str, str] | None = None) -> str:
     )
 
 
-def installed_backend() -> str:
-    """TensorFlow when it is installed, else PyTorch: Keras's default, but the one that imports."""
+def _installed(name: str) -> bool:
     import importlib.util
 
-    def installed(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):       # a broken or half-removed install counts as absent
-            return False
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):       # a broken or half-removed install counts as absent
+        return False
 
-    return "tensorflow" if installed("tensorflow") or not installed("torch") else "torch"
+
+def installed_backend() -> str:
+    """TensorFlow when it is installed, else PyTorch: Keras's default, but the one that imports."""
+    return "tensorflow" if _installed("tensorflow") or not _installed("torch") else "torch"
 
 
 def keras_module(mode: str):

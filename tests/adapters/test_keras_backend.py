@@ -39,6 +39,19 @@ def test_without_tensorflow_the_default_is_torch(tmp_path, monkeypatch):
     assert resolve_backend({"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "tensorflow"}) == "tensorflow"
 
 
+def test_a_keras_json_naming_a_framework_that_is_not_installed_is_passed_over(tmp_path, monkeypatch):
+    # Keras writes keras.json naming TensorFlow on its first import; in the torch GPU venv that file made
+    # hvdkit choose TensorFlow, and the Keras example stopped with "No module named 'tensorflow'".
+    import importlib.util
+
+    (tmp_path / "keras.json").write_text(json.dumps({"backend": "tensorflow"}))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
+    assert resolve_backend({"KERAS_HOME": str(tmp_path)}) == "torch"
+    # KERAS_BACKEND is the user's word: it is kept, and Keras's import names what is missing.
+    assert resolve_backend({"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "tensorflow"}) == "tensorflow"
+
+
 def test_the_keras_examples_keep_the_environments_backend(tmp_path):
     # The GPU image sets KERAS_BACKEND=torch; --backend used to default to tensorflow over it.
     for example in ("keras_mnist.py", "keras_elastic.py"):
