@@ -3,8 +3,9 @@
 Per host: ssh as the launcher will use it, the same Python/hvdkit/Horovod/framework
 versions as the driver, Horovod's build flags, slots versus GPUs (or CPU
 cores), and the network interfaces; then one interface common to all hosts and
-a small cross-host allreduce. Every remote call has a timeout, so a dead host
-costs seconds, not a hang.
+a small cross-host allreduce. A GPU host whose /dev/shm is too small for NCCL
+(a plain ``docker run``) gets an ``hvdkit:`` warning line, not a failure.
+Every remote call has a timeout, so a dead host costs seconds, not a hang.
 
 Example::
 
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from hvdkit.common.console import text_table
 from hvdkit.common.procs import run_bounded
+from hvdkit.common.shared_memory import small_shm_warning
 from hvdkit.ops.envreport import EnvReport, collect
 from hvdkit.ops.hosts import HostSpec, is_this_machine
 from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
@@ -78,6 +80,7 @@ class DoctorReport:
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
     network_interface: str | None = None
+    warnings: list[str] = field(default_factory=list)    # "hvdkit: ..." lines: a job may run, but slower or worse
 
     @property
     def ok(self) -> bool:
@@ -85,7 +88,7 @@ class DoctorReport:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "seconds": round(self.seconds, 2), "network_interface": self.network_interface,
-                "checks": [asdict(c) for c in self.checks]}
+                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
 
 
 def check_host(host: str, cfg: DoctorConfig, driver: EnvReport, slots: int) -> tuple[list[Check], EnvReport | None]:
@@ -213,6 +216,12 @@ def selfcheck_results(output: str) -> dict[int, tuple[str, bool]]:
     return {int(rank): (host, ok == "True") for rank, host, ok in _SELFCHECK.findall(output)}
 
 
+def shm_warnings(reports: dict[str, EnvReport]) -> list[str]:
+    """One line per host with GPUs whose /dev/shm is smaller than NCCL needs (a CPU host is never warned)."""
+    lines = [small_shm_warning(r.shm_bytes, host) for host, r in reports.items() if r.gpus]
+    return [line for line in lines if line]
+
+
 def run_doctor(cfg: DoctorConfig) -> DoctorReport:
     start = time.time()
     driver = collect()
@@ -225,6 +234,7 @@ def run_doctor(cfg: DoctorConfig) -> DoctorReport:
         report.checks += checks
         if env is not None:
             reports[host] = env
+    report.warnings = shm_warnings(reports)
     if len(reports) == len(slots):
         net, report.network_interface = common_interface(reports, cfg.network_interface, cfg.hosts.is_local_only())
         report.checks.append(net)
@@ -239,4 +249,4 @@ def render(report: DoctorReport) -> str:
     for c in report.checks:
         rows.append((c.host, c.name, "pass" if c.ok else "FAIL", c.detail + (f"  -> {c.fix}" if c.fix else "")))
     verdict = "all checks passed" if report.ok else f"{sum(not c.ok for c in report.checks)} check(s) failed"
-    return f"{text_table(rows, align='llll')}\n{verdict} in {report.seconds:.1f}s"
+    return "\n".join([text_table(rows, align='llll'), *report.warnings, f"{verdict} in {report.seconds:.1f}s"])

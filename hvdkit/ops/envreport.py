@@ -28,6 +28,7 @@ from pathlib import Path
 import hvdkit
 from hvdkit.common.files import WriteError, atomic_write
 from hvdkit.common.procs import NOT_FOUND, TIMED_OUT, run_bounded
+from hvdkit.common.shared_memory import shm_bytes
 from hvdkit.common.tuning import horovod_setting_errors
 
 # Report name -> distributions that provide it (first installed one wins).
@@ -80,6 +81,7 @@ class EnvReport:
     # TensorFlow's CUDA wheels (tensorflow[and-cuda]'s nvidia-cuda-runtime-cu12) installed: PyPI's Linux
     # `tensorflow` is a CUDA build even where only tensorflow-cpu was asked for (tf-keras pulls it in).
     tensorflow_cuda_wheels: bool = False
+    shm_bytes: int | None = None           # /dev/shm's size: NCCL and DataLoader workers need ~1 GiB on a GPU host
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -289,6 +291,7 @@ def collect() -> EnvReport:
         setting_errors=setting_errors,
         tensorflow_cuda=tensorflow_cuda_version(),
         tensorflow_cuda_wheels=package_version(("nvidia-cuda-runtime-cu12",)) is not None,
+        shm_bytes=shm_bytes(),
     )
 
 

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 import random
@@ -25,10 +26,13 @@ import numpy as np
 
 from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import check_joined, check_srun_step, spans_one_host
+from hvdkit.common.shared_memory import shm_bytes, small_shm_warning
 from hvdkit.common.tuning import apply_horovod_defaults, horovod_controller
 from hvdkit.runtime import cuda_driver
 from hvdkit.runtime.backend import Backend
 from hvdkit.runtime.topology import NoGPUError, Topology, cpu_threads_per_rank
+
+log = logging.getLogger("hvdkit.runtime")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     Horovod jobs raises :class:`hvdkit.common.launcher.LauncherError` (:func:`~hvdkit.common.launcher.check_joined`).
     ``HVDKIT_DEVICE=cpu`` trains on the CPU whatever GPUs the rank sees or
     its Slurm job was given (where Slurm resets ``CUDA_VISIBLE_DEVICES``).
+    A GPU rank whose host's ``/dev/shm`` is smaller than NCCL needs (a plain
+    ``docker run``'s 64 MiB) warns once per host, naming ``--ipc=host``.
     """
     global _process
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1):
@@ -103,6 +109,10 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
     # use_gpu=False only by choice: a rank that lost its GPU still joins as blind, so the mixed job stops
     gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=not cpu_chosen)
     _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
+    if gpu is not None and where["local_rank"] == 0:   # a GPU job: one line a host, never on the CPU
+        warning = small_shm_warning(shm_bytes())
+        if warning:
+            log.warning(warning)
     if seed is not None:
         seed_everything(seed)
     return _process.context

@@ -15,6 +15,8 @@ import socket
 
 import pytest
 
+from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_job
+
 pytestmark = pytest.mark.multiproc
 FRAMEWORKS = ["torch", "keras-torch", "keras-tensorflow"]
 # Keras on torch pins through torch's calls (set_device), so it runs where the pinning itself is checked; the
@@ -152,3 +154,19 @@ def test_gpus_that_cuda_cannot_use_stop_every_rank(launch, framework):
         assert f"upgrade the NVIDIA driver to {minimum} or newer" in error
         assert "or set HVDKIT_DEVICE=cpu to train on the CPU deliberately" in error and "\n" not in error
         assert r["calls"] == []
+
+
+@pytest.mark.parametrize("gpus, lines", [(2, 1), (0, 0)], ids=["gpu", "cpu"])
+def test_a_gpu_job_on_a_64_mib_dev_shm_warns_once_per_host_and_a_cpu_job_never(tmp_path, gpus, lines):
+    """A plain `docker run` gives /dev/shm 64 MiB, too little for NCCL's shared-memory transport and DataLoader
+    workers: hk.init() on a pinned GPU says so once per host (local rank 0), naming --ipc=host; on the CPU nothing."""
+    cmd = horovodrun_cmd(2, [str(WORKERS / "gpu_pinning.py"), "--out", str(tmp_path), "--framework", "torch",
+                             "--gpus", str(gpus), "--shm-mib", "64"], "gloo")
+    proc = run_job(cmd, 240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    results = read_rank_results(tmp_path, 2, proc.stdout)
+    assert [r["gpu"] for r in results] == ([0, 1] if gpus else [None, None]), results
+    said = [line for line in proc.stdout.splitlines() if "hvdkit:" in line]
+    assert len(said) == lines, proc.stdout[-4000:]
+    if lines:
+        assert "/dev/shm is 64 MiB" in said[0] and "--ipc=host or --shm-size=1g" in said[0], said

@@ -12,7 +12,8 @@ letter per GPU standing for its UUID (GPU-aaaaaaaa-...), "" for none; --cvd,
 once per rank, sets the rank's CUDA_VISIBLE_DEVICES ("unset" removes it).
 --driver V: a host with /dev/nvidia0 and driver V (a fake /dev and /proc) on
 which CUDA is unusable. The CPU build's Horovod has no NCCL, so the worker sets
-HVDKIT_GPU_WITHOUT_NCCL=1 unless --nccl-check.
+HVDKIT_GPU_WITHOUT_NCCL=1 unless --nccl-check. --shm-mib N: /dev/shm reads as N MiB (a fake
+os.statvfs for that path), as in a plain `docker run`.
 
 Writes rank<R>.json with the device string and what was pinned, or the error.
 """
@@ -33,7 +34,18 @@ p.add_argument("--uuids", action="append")
 p.add_argument("--cvd", action="append")
 p.add_argument("--driver")
 p.add_argument("--nccl-check", action="store_true", help="keep hk.init()'s refusal of a Horovod without NCCL")
+p.add_argument("--shm-mib", type=int)
 args = p.parse_args()
+if args.shm_mib is not None:
+    real_statvfs = os.statvfs
+
+    def small_shm(path):
+        if path != "/dev/shm":
+            return real_statvfs(path)
+        blocks = args.shm_mib * 256     # 4 KiB blocks
+        return os.statvfs_result((4096, 4096, blocks, blocks, blocks, 0, 0, 0, 0, 255))
+
+    os.statvfs = small_shm
 if not args.nccl_check:
     os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"   # this CPU machine's Horovod has no NCCL; the GPUs are fakes
 rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
