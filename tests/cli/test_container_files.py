@@ -10,6 +10,7 @@ commands agree.
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 
 import pytest
@@ -216,3 +217,53 @@ def test_compose_services_hostfile_and_launcher_agree(profile, launcher, workers
     assert profile in keygen["profiles"] and "ssh-keygen" in " ".join(keygen["command"])
     assert all(services[w]["depends_on"]["keygen"]["condition"] == "service_completed_successfully" for w in workers)
     assert "hostfiles/" + hostfile.split("/")[-1] in (ROOT / "hostfiles" / "README.md").read_text()
+
+
+def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
+    """The variables a stage's ENV lines set (KEY=value pairs, quotes removed)."""
+    return dict(word.split("=", 1) for w, rest in stage if w == "ENV" for word in shlex.split(rest))
+
+
+def test_the_tensorflow_image_asks_the_container_toolkit_for_the_driver_its_wheels_need():
+    """NVIDIA's 12.9.1 base sets NVIDIA_REQUIRE_CUDA to CUDA 12.9 (a driver >= 575, or a forward-compatible
+    datacenter branch), so the NVIDIA container toolkit refused drivers 525-574 on which TensorFlow's CUDA 12 wheels
+    run by CUDA's minor-version compatibility, and which hk.init's own driver check accepts. Every forward-compatible
+    branch the 12.9 base lists (535 and newer) already supports CUDA >= 12.0, so no brand= clause is needed."""
+    from hvdkit.runtime.cuda_driver import MIN_DRIVER
+
+    st = stages()
+    assert env_of(st["base-tensorflow"]).get("NVIDIA_REQUIRE_CUDA") == f"cuda>={pins()['TF_CUDA_MAJOR']}.0"
+    assert MIN_DRIVER[int(pins()["TF_CUDA_MAJOR"])] == 525, "the driver CUDA 12.0 needs (525.60.13), as hk.init checks"
+    # torch's CUDA 13 base keeps its own requirement (torch's wheels need 580, CUDA 13.0's driver).
+    assert "NVIDIA_REQUIRE_CUDA" not in env_of(st["runtime"]) and "NVIDIA_REQUIRE_CUDA" not in env_of(st["base-torch"])
+
+
+def test_the_image_keeps_tensorflows_warnings_and_hides_its_info_lines():
+    """TF_CPP_MIN_LOG_LEVEL=1: "Cannot dlopen some GPU libraries" (a warning) is the one line that explains a
+    TensorFlow GPU failure, and 2 or 3 hide it; unset, every rank printed TensorFlow's INFO lines."""
+    assert env_of(stages()["runtime"]).get("TF_CPP_MIN_LOG_LEVEL") == "1"
+
+
+def test_one_gpu_host_trains_in_one_container_and_two_containers_are_a_multi_host_rehearsal():
+    """NCCL tells hosts apart by hostname and boot id (getHostHash): two containers on one machine are two hosts to
+    it and talk over sockets, not NVLink. So one machine's GPUs go to one container (single-host), and the
+    two-worker layout is labelled what it is: a rehearsal of several machines."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    svc = compose["services"]["single-host"]
+    assert svc["profiles"] == ["gpu"] and "depends_on" not in svc, "one container: no workers, no ssh keys"
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}], devices
+    command = svc["command"]
+    assert command[:2] == ["hvdkit", "launch"] and not {"-H", "--hostfile"} & set(command), command
+    assert command[command.index("--") + 1:][:2] == ["/opt/hvdkit/venv/bin/python", "examples/pytorch_mnist.py"]
+    assert int(command[command.index("-np") + 1]) == sum(
+        len(compose["services"][w]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"])
+        for w in ("worker1", "worker2")), "the same 8-GPU host as the two-worker layout"
+    # NCCL's shared and pinned memory, as its guide runs containers (--shm-size=1g --ulimit memlock=-1)
+    assert svc.get("ipc") == "host" or int(svc["shm_size"].rstrip("gb")) >= 1, svc
+    assert svc["ulimits"]["memlock"] == -1
+    header = COMPOSE.read_text().split("\nname:")[0]
+    assert re.search(r"run --rm single-host +# .*one container", header), header
+    assert re.search(r"run --rm launcher +# .*multi-host rehearsal", header), header
+    docker_md = " ".join((ROOT / "docs" / "DOCKER.md").read_text().split())
+    assert "single-host" in docker_md and "multi-host rehearsal" in docker_md and "not NVLink" in docker_md

@@ -60,3 +60,28 @@ def test_no_page_passes_mpiruns_x_option_to_horovodrun(page):
     # horovodrun has no -x (horovod/runner/launch.py); it forwards the environment itself. DOCKER.md said otherwise.
     text = " ".join((ROOT / page).read_text().split())
     assert not re.search(r"`-x` to horovodrun|horovodrun (?:[^`\n]* )?-x [A-Z_]+=", text), page
+
+
+def test_clusters_md_describes_train_gpu_sbatch_as_the_script_allocates():
+    """The script asks GPUs per node (every task sees its node's GPUs, hvdkit pins the local rank's, NVLink stays);
+    CLUSTERS.md called it one GPU a task and quoted the --gpus-per-task run's results, which its test contradicts
+    (tests/multihost/test_slurm.py: CUDA_VISIBLE_DEVICES=0,1,2,3 in every task, each pinned its local rank)."""
+    script = (ROOT / "examples" / "slurm" / "train_gpu.sbatch").read_text()
+    asks = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script, re.M))
+    assert "gpus-per-task" not in asks
+    text = " ".join((ROOT / "docs" / "CLUSTERS.md").read_text().split())
+    said = (f"`examples/slurm/train_gpu.sbatch` ({asks['nodes']} nodes x {asks['ntasks-per-node']} tasks, every task "
+            f"seeing its node's {asks['gpus-per-node']} GPUs and pinning its local rank's, {asks['cpus-per-task']} "
+            "CPUs a task")
+    assert said in text, said
+    tested = "train_gpu.sbatch: accepted by sbatch, 8 tasks, every task seeing `CUDA_VISIBLE_DEVICES=0,1,2,3`"
+    assert tested in text and "every rank pinned `cuda:0`" not in text and "gres:gpu:1" not in text
+
+
+def test_docker_md_and_the_dockerfile_say_horovod_carries_its_own_cuda_runtime():
+    """Horovod 0.28.1's CMakeLists.txt defaults CMAKE_CUDA_RUNTIME_LIBRARY to Static (cudart_static): a process holds
+    that copy beside the framework's shared libcudart. "One CUDA runtime in the process" was not true."""
+    for name in ("docs/DOCKER.md", "Dockerfile.gpu"):
+        text = " ".join((ROOT / name).read_text().replace("#", " ").split())
+        assert not re.search(r"one (NCCL and one )?CUDA( runtime)?( and one NCCL)? in the process", text), name
+        assert "cudart_static" in text, f"{name} does not say Horovod links the CUDA runtime statically"
