@@ -335,6 +335,8 @@ def _elastic_nic(cfg: LaunchConfig) -> tuple[str | None, str]:
 # "Process name: [[29678,1],1]"; both follow with "Exit code: N". mpirun may
 # instead say "process rank 1 with PID 42 on node hostb exited on signal 9".
 _PROCESS = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],)?(\d+)\]?\s*\n\s*(?:\S+\s*)?Exit code:\s*(-?\d+)")
+# The elastic driver names the first worker that failed by its host's slot, not its rank: "Process name: hostb[1]".
+_ELASTIC_PROCESS = re.compile(r"Process name:\s*[^\s\[]+\[\d+\]\s*\n\s*Exit code:\s*(-?\d+)")
 _MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
@@ -391,6 +393,8 @@ def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]],
         where = f"rank {rank} (its host is unknown: it ended before hvdkit launch saw it start)"
     if rank in removed:
         return f"worker left: {where}: its slot is no longer in the discovered hosts ({_cause(code)})"
+    if code == REQUEUE_EXIT_CODE:       # every rank exits so together, once rank 0's checkpoint is on disk
+        return f"worker preempted: {where}: {_cause(code)}, after the ranks' checkpoint"
     return (f"worker lost: {where}: {_cause(code)}; Horovod drops its host and the job goes on while --min-np "
             "workers remain")
 
@@ -454,16 +458,19 @@ def ended_by_preemption(rc: int, output: str) -> bool:
     Horovod patch item 14 (it exited 1 whatever the ranks' codes, "Horovod
     detected that one or more processes exited with non-zero status ... Exit
     code: 75", so a requeue wrapper that waits for 75 never fired). The first
-    rank horovodrun reports still decides, for a Horovod without that item:
-    under hvdkit's preemption protocol every rank exits 75 together, once the
-    checkpoint is on disk.
+    rank horovodrun reports still decides, for a Horovod without that item
+    and for an elastic job, whose driver still exits 1 and names the first
+    worker by its slot (``Process name: hostb[1]``): under hvdkit's preemption
+    protocol every rank exits 75 together, once the checkpoint is on disk.
     """
     if rc == REQUEUE_EXIT_CODE:
         return True
     if rc == 0:
         return False
     first = _PROCESS.search(output)
-    return bool(first) and int(first.group(2)) == REQUEUE_EXIT_CODE and _MPI_SIGNAL.search(output) is None
+    elastic = _ELASTIC_PROCESS.search(output)
+    code = int(first.group(2)) if first else int(elastic.group(1)) if elastic else None
+    return code == REQUEUE_EXIT_CODE and _MPI_SIGNAL.search(output) is None
 
 
 def explain_failure(output: str, layout: Sequence[RankPlacement]) -> str | None:

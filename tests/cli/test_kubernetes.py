@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 import subprocess
 
 import jsonschema
@@ -17,6 +18,7 @@ from tests.conftest import ROOT, run_hvdkit
 pytestmark = pytest.mark.cli
 CRD = ROOT / "tests" / "data" / "kubeflow.org_mpijobs.v0.8.2.yaml"
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+REGISTRY_PLACEHOLDER = "registry.example.com"     # docs/CLUSTERS.md's push replaces it with the user's registry
 
 
 def strict(schema: dict) -> dict:
@@ -81,9 +83,9 @@ def test_manifest_is_a_valid_mpijob_for_hvdkits_image(path, validator):
     assert f"EXPOSE {port}" in (ROOT / "Dockerfile.gpu").read_text()
     assert "AuthorizedKeysFile .ssh/authorized_keys" in (ROOT / "docker" / "sshd_config").read_text()
     assert spec["sshAuthMountPath"] == "/root/.ssh"
-    for role in ("Launcher", "Worker"):
+    for role in ("Launcher", "Worker"):      # that image in the registry docs/CLUSTERS.md pushes it to
         container = spec["mpiReplicaSpecs"][role]["template"]["spec"]["containers"][0]
-        assert container["image"] == image
+        assert container["image"] == f"{REGISTRY_PLACEHOLDER}/{image}"
     worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["containers"][0]["args"] == ["sshd"]
     # Readiness asks the kernel whether sshd listens: a tcpSocket probe made sshd log a closed connection every 2 s.
@@ -171,10 +173,12 @@ def test_broken_manifests_are_rejected(validator, breakage, expect):
         assert not schema_errors and hvdkit_errors(job)
 
 
-def test_static_job_checkpoints_where_an_evicted_pod_leaves_it_and_resumes():
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_each_job_checkpoints_where_an_evicted_pod_leaves_it_and_resumes(path):
     """Issue 34, case 8: the manifest mounted no checkpoint volume and passed no --resume, so an evicted
-    job restarted from scratch; the grace period must leave the entrypoint's wait for the ranks room."""
-    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "mpijob.yaml").read_text())
+    job restarted from scratch; the grace period must leave the entrypoint's wait for the ranks room. Issue 50:
+    the elastic job promised the same and had neither (nor did its example checkpoint)."""
+    job = yaml.safe_load(path.read_text())
     args = launcher_args(job)
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in worker["containers"][0]["volumeMounts"]}
@@ -184,3 +188,75 @@ def test_static_job_checkpoints_where_an_evicted_pod_leaves_it_and_resumes():
     assert ckpt.startswith(mounts["checkpoints"] + "/") and ckpt.endswith("/") and "--resume" in args
     grace = {e["name"]: e["value"] for e in worker["containers"][0]["env"]}["HVDKIT_STOP_GRACE_S"]
     assert int(grace) + 5 <= worker["terminationGracePeriodSeconds"]
+    # The example the launcher runs takes both flags (and so checkpoints on the SIGTERM the entrypoint passes on).
+    example = ROOT / args[args.index("--") + 2]
+    assert '"--checkpoint-dir"' in example.read_text() and '"--resume"' in example.read_text(), example.name
+    # Another job's directory: two jobs resuming from one directory would take each other's checkpoints.
+    assert job["metadata"]["name"] in ckpt
+
+
+def kubelet_reference(image: str) -> str:
+    """The reference a kubelet pulls for ``image`` (Docker's normalisation, distribution/reference's
+    ParseNormalizedNamed): a first path component with no '.' or ':' that is not 'localhost' is not a registry
+    host, so the name is Docker Hub's (docker.io), and one without a path is under its library/."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image if rest else 'library/' + image}"
+
+
+def images(job: dict) -> list[str]:
+    return [c["image"] for spec in job["spec"]["mpiReplicaSpecs"].values()
+            for key in ("initContainers", "containers") for c in spec["template"]["spec"].get(key, [])]
+
+
+def test_the_kubelet_reading_of_image_names():
+    assert kubelet_reference("hvdkit:gpu") == "docker.io/library/hvdkit:gpu"
+    assert kubelet_reference("team/hvdkit:gpu") == "docker.io/team/hvdkit:gpu"
+    assert kubelet_reference("localhost/hvdkit:gpu") == "localhost/hvdkit:gpu"
+    assert kubelet_reference("registry.example.com/hvdkit:gpu") == "registry.example.com/hvdkit:gpu"
+    assert kubelet_reference("gpu-registry:5000/ml/hvdkit:gpu") == "gpu-registry:5000/ml/hvdkit:gpu"
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_image_is_pulled_from_a_registry_not_docker_hubs_library(path):
+    """Issue 50: `image: hvdkit:gpu` is docker.io/library/hvdkit:gpu to a kubelet, which does not exist: every pod
+    on a node the image was not loaded into by hand ended in ErrImagePull. The manifests name a registry
+    placeholder, and docs/CLUSTERS.md says how to push the image there and put its name in."""
+    job = yaml.safe_load(path.read_text())
+    found = images(job)
+    assert found, f"{path.name} names no image"
+    for image in found:
+        assert not kubelet_reference(image).startswith("docker.io/"), \
+            f"{path.name}: a kubelet pulls {image} as {kubelet_reference(image)}, from Docker Hub"
+
+
+def push_block() -> str:
+    """docs/CLUSTERS.md's bash block that pushes the image and names it in the manifests."""
+    text = (ROOT / "docs" / "CLUSTERS.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "docker push" in b]
+    assert len(blocks) == 1, "docs/CLUSTERS.md must show one push of the image (docker tag, docker push)"
+    return blocks[0]
+
+
+@pytest.mark.parametrize("registry", [None, "gpu-registry.internal:5000/ml"], ids=["as-written", "own-registry"])
+def test_the_documented_push_gives_the_manifests_an_image_the_cluster_pulls(tmp_path, registry):
+    """The block as written (its REGISTRY line replaced by another registry in the second case), in a copy of
+    deploy/kubernetes, with docker recorded rather than run (no registry here): it tags and pushes the image the
+    compose file builds, and its sed leaves every manifest naming exactly what was pushed."""
+    block = push_block()
+    if registry:
+        block, n = re.subn(r"^REGISTRY=\S+", f"REGISTRY={registry}", block, flags=re.M)
+        assert n == 1, "the block sets REGISTRY once, for the reader to change"
+    (tmp_path / "deploy").mkdir()
+    shutil.copytree(ROOT / "deploy" / "kubernetes", tmp_path / "deploy" / "kubernetes")
+    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c",
+                           'docker() { echo "$*" >> docker.log; }\n' + block],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    built = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["x-image"]["image"]
+    pushed = (registry or REGISTRY_PLACEHOLDER) + "/" + built
+    assert (tmp_path / "docker.log").read_text().splitlines() == [f"tag {built} {pushed}", f"push {pushed}"]
+    for path in sorted((tmp_path / "deploy" / "kubernetes").glob("*.yaml")):
+        assert set(images(yaml.safe_load(path.read_text()))) == {pushed}, path.name
+        assert kubelet_reference(pushed) == pushed

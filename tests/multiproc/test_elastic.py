@@ -7,12 +7,14 @@ survives it (below), separate hosts do too (tests/multihost/test_elastic_hosts.p
 
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE
 from tests.conftest import ROOT, WORKERS, _tool, hvdkit_cmd, job_env
 from tests.elastic_job import ElasticJob, check_continuous, size_changes
 
@@ -257,3 +259,58 @@ def test_a_worker_that_joins_takes_the_grad_scalers_scale(tmp_path):
     assert float(after_join[0][2]) > 16.0 * 2 ** 6, after_join[0]      # the survivor's grown scale, not 16
     check_continuous(job.commits, int(re.search(r"done steps (\d+)", job.output).group(1)))
     assert "hvdkit: " not in job.output.replace("hvdkit launch", ""), job.output[-4000:]
+
+
+def test_sigterm_to_a_worker_checkpoints_every_rank_and_the_job_applied_again_resumes_there(tmp_path):
+    """Issue 50: deploy/kubernetes/mpijob-elastic.yaml runs examples/pytorch_elastic.py --checkpoint-dir --resume.
+    An evicted pod's SIGTERM (the image's entrypoint passes it to the pod's ranks) ends the whole MPIJob, and the
+    elastic commits, held in the workers' memory, end with it. Here SIGTERM to one worker: every rank saves after
+    the same step and the job ends 75; run again, it resumes from that step, and a worker that joins the resumed
+    job takes the state from the sync without reading the checkpoint again (a collective there would hang)."""
+    hosts, ckpts = tmp_path / "hosts", tmp_path / "ckpts"
+    script = str(ROOT / "examples" / "pytorch_elastic.py")
+
+    def start(np: int) -> ElasticJob:
+        argv = hvdkit_cmd("launch", "-np", str(np), "--min-np", "1", "--max-np", "2",
+                          "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                          sys.executable, script, "--epochs", "2", "--checkpoint-dir", str(ckpts), "--resume",
+                          "--json")
+        return ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    job = start(2)
+    try:
+        job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 8, 180, "8 steps on 2 processes")
+        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+                   if _process_info(p)[0][:2] == [sys.executable, script]]
+        victims = [p for p in workers if _process_info(p)[1].get("HOROVOD_HOSTNAME") == "127.0.0.1"]
+        assert len(workers) == 2 and len(victims) == 1, [_process_info(p) for p in workers]
+        victims[0].send_signal(signal.SIGTERM)
+        code = job.finish(timeout=120)
+    finally:
+        job.kill()
+    assert code == REQUEUE_EXIT_CODE, f"exit {code}:\n{job.output[-4000:]}"
+    assert "final test accuracy" not in job.output and "resumed from" not in job.output
+    import torch
+
+    saved = sorted(ckpts.glob("ckpt-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+    assert saved, f"no checkpoint in {ckpts}:\n{job.output[-4000:]}"
+    extra = torch.load(saved[-1], map_location="cpu", weights_only=True)["extra"]
+    assert extra["step"] == job.commits[-1].step >= 8, (extra, job.commits[-3:])   # the last commit, on every rank
+
+    hosts.write_text("localhost:1\n")          # applied again: on one worker first; the second joins it
+    job = start(1)
+    try:
+        job.wait_for(lambda c: sum(x.size == 1 for x in c) >= 5, 180, "5 steps on 1 process after resuming")
+        hosts.write_text("localhost:1\n127.0.0.1:1\n")
+        job.wait_for(lambda c: sum(x.size == 2 for x in c) >= 5, 180, "5 steps after a worker joined")
+        assert job.finish(timeout=300) == 0, job.output[-4000:]
+    finally:
+        job.kill()
+    resumed = re.findall(r"resumed from step (\d+) epoch (\d+)", job.output)
+    assert resumed == [(str(extra["step"]), str(extra["epoch"]))], job.output[-4000:]
+    assert job.commits[0].step in (extra["step"], extra["step"] + 1), job.commits[:2]
+    assert size_changes(job.commits) == [1, 2], size_changes(job.commits)
+    result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
+    check_continuous(job.commits, result["steps"])
+    assert result["epochs"] == 2 and result["size"] == 2

@@ -266,6 +266,9 @@ def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_w
     assert gone == 1 and removed_worker("Process 1 exit with status code 1.") is None
     assert explain_worker_exit(1, 1, slots, {gone}) == (
         "worker left: rank 1 on 127.0.0.1, local rank 0: its slot is no longer in the discovered hosts (exit status 1)")
+    # preempted (issue 50): every rank checkpoints and exits 75 together; the job does not go on without it
+    assert explain_worker_exit(1, 75, slots, set()) == (
+        "worker preempted: rank 1 on 127.0.0.1, local rank 0: exit status 75, after the ranks' checkpoint")
 
 
 def test_the_timeline_directory_is_checked_where_rank_0_runs_here(tmp_path):
@@ -299,6 +302,11 @@ Exit code: 75
     (0, GLOO_PREEMPTED, False),
     (1, "mpirun noticed that process rank 1 with PID 5 on node a exited on signal 9 (Killed).\n"
         "Process name: [[1,1],1]\nExit code: 75\n", False),          # a kill is not a preemption
+    # An elastic job (issue 50): every worker exits 75 and the elastic driver stops, naming the slot as host[N].
+    (1, "Process 1 exit with status code 75.\nProcess 0 exit with status code 75.\n"
+        "ERROR:root:failure count == 2 -> stop running\n" + GLOO_PREEMPTED.replace("name: 1", "name: localhost[0]"),
+     True),
+    (1, GLOO_PREEMPTED.replace("name: 1", "name: hostb[1]").replace("Exit code: 75", "Exit code: 137"), False),
 ])
 def test_a_preempted_job_is_told_from_a_failed_one(rc, output, expected):
     from hvdkit.ops.launch import ended_by_preemption
