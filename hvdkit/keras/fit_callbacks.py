@@ -30,6 +30,7 @@ from hvdkit.keras.nonfinite import nonfinite_loss_callback
 from hvdkit.keras.optimizer import (
     broadcast_state,
     check_distributed,
+    check_loss_scale_inside,
     get_learning_rate,
     is_distributed,
     set_learning_rate,
@@ -218,8 +219,11 @@ def _xla_outside_collectives(keras) -> type:
 
         def set_model(self, model):
             super().set_model(model)
-            if is_distributed(getattr(model, "optimizer", None)):
-                split_train_step(model)
+            optimizer = getattr(model, "optimizer", None)
+            if not is_distributed(optimizer) or getattr(model, "run_eagerly", False) or not model.jit_compile:
+                return
+            check_loss_scale_inside(optimizer)    # at any size: it would apply inside XLA, within the scale's cond
+            split_train_step(model, keras)
 
     return XlaOutsideCollectives
 

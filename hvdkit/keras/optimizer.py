@@ -47,6 +47,20 @@ def check_distributed(optimizer) -> None:
     """
     if current().size == 1 or optimizer is None:
         return
+    check_loss_scale_inside(optimizer)
+    if is_distributed(optimizer):
+        return
+    plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer
+    name = type(plain).__name__
+    raise NotDistributedError(
+        f"the model's optimizer ({name}) is not distributed, so no gradients are averaged and each of the "
+        f"{current().size} ranks trains its own model: compile with optimizer=hk.DistributedOptimizer("
+        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of a string such as "
+        "optimizer=\"adam\" or a plain optimizer")
+
+
+def check_loss_scale_inside(optimizer) -> None:
+    """Raise if a ``LossScaleOptimizer`` wraps hvdkit's distributed optimizer instead of sitting inside it."""
     inner = getattr(optimizer, "inner_optimizer", None)
     if inner is not None and not getattr(optimizer, "_hvdkit_distributed", False) and is_distributed(inner):
         # compile's LossScaleOptimizer, outside the averaging: each rank would check its own gradients, and a rank
@@ -57,15 +71,6 @@ def check_distributed(optimizer) -> None:
                         "wait for it: pass the bare optimizer to hk.DistributedOptimizer after keras.mixed_precision."
                         "set_global_policy('mixed_float16') (it puts the loss scale inside, on averaged gradients), "
                         "or wrap keras.optimizers.LossScaleOptimizer(opt) before hk.DistributedOptimizer")
-    if is_distributed(optimizer):
-        return
-    plain = getattr(optimizer, "inner_optimizer", None) or optimizer     # compile's LossScaleOptimizer
-    name = type(plain).__name__
-    raise NotDistributedError(
-        f"the model's optimizer ({name}) is not distributed, so no gradients are averaged and each of the "
-        f"{current().size} ranks trains its own model: compile with optimizer=hk.DistributedOptimizer("
-        f"keras.optimizers.{name}(hk.scale_lr({get_learning_rate(plain):g}))) instead of a string such as "
-        "optimizer=\"adam\" or a plain optimizer")
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",

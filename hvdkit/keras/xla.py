@@ -20,8 +20,12 @@ Example::
 from __future__ import annotations
 
 import contextvars
+import logging
 
 from hvdkit.common.errors import UserError
+from hvdkit.keras.context import current
+
+log = logging.getLogger("hvdkit.keras")
 
 # The gradients the distributed optimizer was given while fit's compiled half was traced: (grads, variables).
 _CAPTURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("hvdkit_xla_captured", default=None)
@@ -30,6 +34,14 @@ XLA_FIX = ("Horovod's allreduce has no XLA kernel, so hk.DistributedOptimizer ca
            "XLA-compiled function: in fit, pass callbacks=hk.callbacks() (it compiles the forward and backward with "
            "XLA and averages outside), or compile(..., jit_compile=False); in a custom loop, compute the gradients "
            "in the tf.function(jit_compile=True) and call optimizer.apply_gradients outside it")
+
+
+class XlaApplyError(UserError):
+    """The distributed optimizer was asked to apply gradients inside an XLA-compiled function."""
+
+    # Raised while TensorFlow traces the function: AutoGraph would rewrite the message to "in user code: File ...,
+    # line ...: ..." over several lines; with this it passes the one line as it is.
+    ag_pass_through = True
 
 
 def captured(grads, trainable_variables) -> bool:
@@ -50,26 +62,40 @@ def in_xla_context() -> bool:
 
 
 def refuse_inside_xla() -> None:
-    """Raise the one-line :class:`UserError` where XLA would fail at run time on the allreduce."""
+    """Raise the one-line :class:`XlaApplyError` where XLA would fail at run time on the allreduce."""
     if in_xla_context():
-        raise UserError(XLA_FIX)
+        raise XlaApplyError(XLA_FIX)
 
 
-def split_train_step(model) -> bool:
+def split_train_step(model, keras) -> bool:
     """Make ``model``'s train function: the train step under XLA up to the gradients, the update outside.
 
     Does nothing (False) unless the model would compile its train step with
     XLA on TensorFlow (``jit_compile`` True, resolved or asked for, and not
     ``run_eagerly``). Called before ``fit`` makes its train function; an
     existing split function is kept. ``evaluate`` and ``predict`` keep XLA whole.
+    A model whose class overrides ``train_step`` may do more after applying
+    the gradients (clip the weights, run another pass) than the split could
+    keep in its place: its step runs without XLA, and one line says so.
     """
     if getattr(model, "run_eagerly", False) or not model.jit_compile:
         return False
-    if getattr(model.train_function, "hvdkit_xla_split", False):
+    if getattr(model.train_function, "hvdkit_xla_split", None) is not None:
         return True
     import tensorflow as tf
 
-    step = type(model).train_step.__get__(model)      # the model's own step (a subclass's override included)
+    own_step = "train_step" not in vars(model) and type(model).train_step is keras.Model.train_step
+    if not own_step:
+        if current().is_main:
+            log.warning("hvdkit: %s overrides train_step, whose work after apply_gradients hvdkit cannot keep in its "
+                        "place if the step is compiled up to the gradients only: fit runs this model's step without "
+                        "XLA (Horovod's allreduce has no XLA kernel); compile(..., jit_compile=False) turns XLA off "
+                        "yourself and silences this line", type(model).__name__)
+        _make_train_function(model, None)
+        model.train_function.hvdkit_xla_split = False
+        return True
+
+    step = model.train_step
     applied: dict = {}
 
     def forward_backward(data):
@@ -93,14 +119,24 @@ def split_train_step(model) -> bool:
             model.optimizer.apply(grads, applied["variables"])
         return logs
 
-    # Keras reads jit_compile and train_step when it makes the function: the outer function is not XLA's.
+    _make_train_function(model, train_step)
+    model.train_function.hvdkit_xla_split = True
+    return True
+
+
+def _make_train_function(model, train_step) -> None:
+    """Keras's own train function with XLA off around ``train_step`` (the model's own where None).
+
+    Keras reads ``jit_compile`` and ``train_step`` when it makes the function;
+    both are put back afterwards, so ``evaluate`` and ``predict`` compile with XLA.
+    """
     wanted = model.jit_compile
     model.jit_compile = False
-    model.train_step = train_step
+    if train_step is not None:
+        model.train_step = train_step
     try:
         model.make_train_function(force=True)
     finally:
-        del model.train_step
+        if train_step is not None:
+            del model.train_step
         model.jit_compile = wanted
-    model.train_function.hvdkit_xla_split = True
-    return True

@@ -26,15 +26,24 @@ XLA_FIX = "Horovod's allreduce has no XLA kernel, so hk.DistributedOptimizer can
 def test_fit_with_xla_ends_where_fit_without_it_does_and_xla_inside_a_custom_step_names_the_fix(launch):
     r0, r1 = launch(2, "keras_xla.py", "--mode", "tensorflow", controller="mpi", timeout=300)
     assert r0["size"] == r1["size"] == 2
+    # The same fit with XLA off, 6 steps at 2 ranks. Measured apart: 3e-8 to 6e-8 in float32 (XLA's fusions round
+    # otherwise), 0.0 under mixed_float16, where one float16 step of a weight near 0.1 would be 6e-5.
+    bounds = {"sgd": 1e-5, "adam_sharded": 1e-5, "accumulate": 1e-5, "override": 1e-5, "mixed_float16": 1e-5}
+    assert set(r0["cases"]) == set(bounds)
     for case, c in r0["cases"].items():
-        # 6 steps of fit at 2 ranks; measured 0 to 6e-8 apart (XLA's fusions round differently from the graph's).
-        assert c["split"] and c["jit_after"], (case, c)      # XLA was on, and evaluate keeps it
+        assert c["jit_after"], (case, c)                    # evaluate and predict still compile with XLA
         assert c["moved"] > 1e-3, (case, c)
-        assert c["max_diff"] < 1e-5, (case, c)
-        assert r1["cases"][case]["max_diff"] < 1e-5, (case, r1["cases"][case])
+        assert c["max_diff"] < bounds[case] and r1["cases"][case]["max_diff"] < bounds[case], (case, c)
+        assert c["eval_diff"] < 1e-3, (case, c)
+        if case == "override":      # work after apply_gradients: the step runs without XLA, and one line says so
+            assert c["split"] is False and len(c["warnings"]) == 1, c
+            assert c["warnings"][0].startswith("hvdkit: ClippedWeights overrides train_step"), c["warnings"]
+        else:
+            assert c["split"] is True and c["warnings"] == [], (case, c)
     for result in (r0, r1):
         for key in ("custom_loop_error", "no_callbacks_error"):
             assert result[key] and result[key].startswith(XLA_FIX) and "\n" not in result[key], (key, result[key])
+        assert result["loss_scale_outside_error"].startswith("a LossScaleOptimizer wraps hk.DistributedOptimizer")
 
 
 def _example(tmp_path, name, controller, sees_gpu):

@@ -9,6 +9,7 @@ that applies gradients inside, and fit without ``hk.callbacks()``.
 """
 
 import argparse
+import logging
 
 import numpy as np
 from keras_common import parse_args
@@ -30,10 +31,32 @@ y_all = rng.integers(0, 3, STEPS * B * ctx.size)
 x, y = hk.shard_arrays(x_all, y_all)
 
 
-def build():
+warnings = []
+
+
+class Record(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+
+
+logging.getLogger("hvdkit.keras").addHandler(Record())
+
+
+class ClippedWeights(keras.Sequential):
+    """A train_step override with work after the update (WGAN's weight clipping): its step runs without XLA."""
+
+    def train_step(self, data):
+        logs = super().train_step(data)
+        for v in self.trainable_variables:
+            v.assign(tf.clip_by_value(v, -0.05, 0.05))
+        return logs
+
+
+def build(case="sgd"):
     keras.utils.set_random_seed(5)
-    return keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dropout(0.0), keras.layers.Dense(3, activation="softmax")])
+    layers = [keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3),
+              keras.layers.Activation("softmax", dtype="float32")]
+    return ClippedWeights(layers) if case == "override" else keras.Sequential(layers)
 
 
 def optimizer(case):
@@ -45,24 +68,33 @@ def optimizer(case):
 
 
 def train(case, jit):
-    model = build()
+    model = build(case)
     opt = optimizer(case)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=jit)
     history = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0, callbacks=hk.callbacks())
-    split = bool(getattr(model.train_function, "hvdkit_xla_split", False))
+    split = getattr(model.train_function, "hvdkit_xla_split", None)
+    evaluated = model.evaluate(x, y, batch_size=B, verbose=0)        # with XLA whole where jit stays on
     state = [v.numpy() for v in model.variables] + [np.asarray(v.numpy()) for v in opt.variables]
-    return state, {k: float(v[-1]) for k, v in history.history.items()}, split, model.jit_compile
+    return state, {k: float(v[-1]) for k, v in history.history.items()}, split, model.jit_compile, evaluated
 
 
 initial = [v.numpy() for v in build().variables]
 result = {"size": ctx.size, "cases": {}}
-for case in ("sgd", "adam_sharded", "accumulate"):
-    with_xla, logs_xla, split, jit_after = train(case, True)
-    without, logs_plain, _, _ = train(case, False)
+# mixed_float16 last: the global policy puts a LossScaleOptimizer inside hk.DistributedOptimizer
+for case in ("sgd", "adam_sharded", "accumulate", "override", "mixed_float16"):
+    if case == "mixed_float16":
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    warnings.clear()
+    with_xla, logs_xla, split, jit_after, eval_xla = train(case, True)
+    warned = list(warnings)
+    without, logs_plain, _, _, eval_plain = train(case, False)
     result["cases"][case] = {
-        "max_diff": max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(with_xla, without)),
-        "moved": max(float(np.max(np.abs(a - b))) for a, b in zip(with_xla, initial)),
-        "loss_xla": logs_xla["loss"], "loss_plain": logs_plain["loss"], "split": split, "jit_after": bool(jit_after)}
+        "max_diff": max(float(np.max(np.abs(np.asarray(a, "float64") - b))) if a.size else 0.0
+                        for a, b in zip(with_xla, without)),
+        "moved": max(float(np.max(np.abs(np.asarray(a, "float64") - b))) for a, b in zip(with_xla, initial)),
+        "loss_xla": logs_xla["loss"], "loss_plain": logs_plain["loss"], "split": split, "jit_after": bool(jit_after),
+        "eval_diff": max(abs(a - b) for a, b in zip(eval_xla, eval_plain)), "warnings": warned}
+keras.mixed_precision.set_global_policy("float32")
 
 
 def error_of(fn):
@@ -93,6 +125,18 @@ def fit_without_callbacks():
     model.fit(x, y, batch_size=B, epochs=1, verbose=0)
 
 
+def loss_scale_outside():
+    opt = optimizer("sgd")
+    keras.mixed_precision.set_global_policy("mixed_float16")     # after the wrap: compile puts the scale outside
+    try:
+        model = build()
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=True)
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0, callbacks=hk.callbacks())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 result["custom_loop_error"] = error_of(custom_xla_loop)
 result["no_callbacks_error"] = error_of(fit_without_callbacks)
+result["loss_scale_outside_error"] = error_of(loss_scale_outside)
 write_result(args.out, ctx.rank, result)
