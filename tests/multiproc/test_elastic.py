@@ -273,7 +273,7 @@ def test_sigterm_to_a_worker_checkpoints_every_rank_and_the_job_applied_again_re
     def start(np: int) -> ElasticJob:
         argv = hvdkit_cmd("launch", "-np", str(np), "--min-np", "1", "--max-np", "2",
                           "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                          sys.executable, script, "--epochs", "2", "--checkpoint-dir", str(ckpts), "--resume",
+                          sys.executable, script, "--epochs", str(EPOCHS), "--checkpoint-dir", str(ckpts), "--resume",
                           "--json")
         return ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
 
@@ -313,4 +313,4 @@ def test_sigterm_to_a_worker_checkpoints_every_rank_and_the_job_applied_again_re
     assert size_changes(job.commits) == [1, 2], size_changes(job.commits)
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
     check_continuous(job.commits, result["steps"])
-    assert result["epochs"] == 2 and result["size"] == 2
+    assert result["epochs"] == EPOCHS and result["size"] == 2
