@@ -157,6 +157,12 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
     If hvdkit itself dies, even by SIGKILL, a small guard process sends the
     group SIGTERM. The exit code is horovodrun's (128 + N when a signal N ended it).
 
+    The first SIGTERM goes to the ranks alone (:func:`_ask_ranks_to_stop`), so
+    a script with hvdkit's preemption guard checkpoints and every rank exits
+    75; the launchers' own SIGTERM handling SIGKILLs the ranks 5 s later,
+    mid-save. A second SIGTERM stops the job at once. An elastic job's group
+    gets it at once, as before.
+
     A Ctrl-C (SIGINT) is the user stopping the job, not a failure: the ranks'
     own output still passes, horovodrun's report of the ranks its SIGTERM
     stopped is held back, one line says so, and the exit code is 130 as
@@ -188,14 +194,22 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
     if elastic:
         threading.Thread(target=_watch_workers, args=(proc, slots), daemon=True).start()
 
+    asked = threading.Event()        # SIGTERM passed to the ranks as a request to checkpoint (MPI)
+
     def forward(number, _frame):
-        if proc.poll() is None:
-            if number == signal.SIGINT:
-                interrupted.set()
-            try:
-                os.killpg(proc.pid, number)
-            except ProcessLookupError:
-                pass
+        if proc.poll() is not None:
+            return
+        # Not in an elastic job: its driver would take ranks that end without a checkpoint for lost workers and
+        # wait for new hosts (--elastic-timeout) instead of ending.
+        if number == signal.SIGTERM and not elastic and not asked.is_set() and _ask_ranks_to_stop(proc.pid):
+            asked.set()
+            return
+        if number == signal.SIGINT:
+            interrupted.set()
+        try:
+            os.killpg(proc.pid, number)
+        except ProcessLookupError:
+            pass
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
@@ -245,6 +259,73 @@ def _watch_workers(proc: subprocess.Popen, slots: dict[int, tuple[str, int]], ev
             time.sleep(every_s)
     except psutil.Error:                  # horovodrun has ended
         return
+
+
+MPIRUN_NAMES = ("mpirun", "mpiexec", "orterun", "prterun")
+SHELLS = ("sh", "bash", "dash")
+
+
+def _ask_ranks_to_stop(pid: int) -> bool:
+    """Pass a SIGTERM meant for the job to its ranks alone, so a script's preemption guard checkpoints (True).
+
+    Both launchers answer their own SIGTERM with SIGTERM to every rank and SIGKILL 5 s later (mpirun;
+    horovodrun's safe_shell_exec), killing a rank mid-save. mpirun passes SIGUSR1 to every rank on every
+    host, which the guard takes as it takes SIGTERM. Under Gloo the ranks on this host get SIGTERM; the
+    guard's agreement at the next step tells the ranks on other hosts. False where neither is found (a
+    Gloo job with no rank here): the caller signals the launcher's group, as before.
+    """
+    mpirun = _mpirun_under(pid)
+    if mpirun is not None:
+        targets, sig, how = [mpirun], signal.SIGUSR1, "SIGUSR1 through mpirun"
+    else:
+        targets, sig, how = _local_ranks(pid), signal.SIGTERM, "SIGTERM to this host's ranks"
+    if not targets:
+        return False
+    print(f"hvdkit launch: SIGTERM: every rank is asked to checkpoint and stop ({how}); send SIGTERM again to "
+          "stop the job now", file=sys.stderr, flush=True)
+    for target in targets:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+    return True
+
+
+def _local_ranks(pid: int) -> list[int]:
+    """The rank processes under horovodrun ``pid`` on this host: HOROVOD_RANK in their environment, not a shell.
+
+    Not their children (DataLoader workers inherit the variable): a worker killed by the signal would fail
+    the rank's step before it saves.
+    """
+    found: list[int] = []
+    try:
+        queue = psutil.Process(pid).children()
+    except psutil.Error:
+        return found
+    while queue:
+        process = queue.pop(0)
+        try:
+            if "HOROVOD_RANK" in process.environ() and process.name() not in SHELLS:
+                found.append(process.pid)
+                continue
+            queue.extend(process.children())
+        except psutil.Error:            # ended since it was listed
+            continue
+    return found
+
+
+def _mpirun_under(pid: int) -> int | None:
+    """The pid of the mpirun that horovodrun ``pid`` started (``--mpi``), or None (Gloo, or none yet)."""
+    try:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if child.name() in MPIRUN_NAMES:
+                    return child.pid
+            except psutil.Error:          # ended since it was listed
+                continue
+    except psutil.Error:
+        return None
+    return None
 
 
 def _guard_group(pgid: int) -> subprocess.Popen:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
@@ -72,11 +73,16 @@ def test_sigterm_on_one_rank_checkpoints_every_rank_and_resumes_exactly(tmp_path
 
 
 @pytest.mark.parametrize("controller", ["default", "gloo"])
-def test_sigterm_to_one_rank_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, controller):
+@pytest.mark.parametrize("victim", ["rank1", "launcher"])
+def test_sigterm_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, controller, victim):
     """Issue 34, case 1: `hvdkit launch` as users run it (MPI by default on one host), a 1 GiB checkpoint that
     takes seconds to write, SIGTERM to rank 1 only. Rank 1 used to exit 75 at once (its save_checkpoint
     returns: it is not the root), mpirun then killed rank 0 mid-save: a 908 MB .tmp file, no checkpoint, and
-    the job still exited 75 onto nothing."""
+    the job still exited 75 onto nothing.
+
+    Issue 54, case 1: SIGTERM to `hvdkit launch` itself (kill, a batch script's trap, a launcher pod's
+    eviction). Under MPI it went to mpirun, which SIGKILLed the ranks seconds after its own SIGTERM: exit 1
+    within 0.1 s and no checkpoint of the epoch's work. Under Gloo it checkpointed and exited 75."""
     from hvdkit.torch.checkpoint import _read
 
     ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
@@ -87,14 +93,26 @@ def test_sigterm_to_one_rank_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(
                      # Open MPI sends SIGKILL 5 s after its SIGTERM; rank 0 spends longer in its save, as on a slow
                      # or busy file system, so that an early exit of rank 1 shows whatever this machine's disk does.
                      "--save-delay-s", "6")
+    def launcher() -> int:        # hvdkit launch itself, found by its own arguments
+        (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(out) in " ".join(
+                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
+        return proc.pid
+
     output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)),
-                                     lambda: int((out / "pid1").read_text()), end_timeout=120)
+                                     launcher if victim == "launcher" else lambda: int((out / "pid1").read_text()),
+                                     end_timeout=120)
     assert code == REQUEUE_EXIT_CODE, f"hvdkit launch exited {code}:\n{output[-3000:]}"
     assert ckpt.exists() and not list(tmp_path.glob(".ckpt.pt.*.tmp")), sorted(p.name for p in tmp_path.iterdir())
     state = _read(str(ckpt))            # verifies the digest inside the file
     assert state["model"]["ballast"].numel() * 4 == 2**30 and state["world_size"] == 2
     marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
-    assert marks[0]["batch"] == marks[1]["batch"] and marks[1]["signal"] == signal.SIGTERM
+    assert marks[0]["batch"] == marks[1]["batch"]
+    if victim == "rank1":
+        assert marks[1]["signal"] == signal.SIGTERM
+    else:       # each rank got it: SIGTERM from the group under Gloo, SIGUSR1 through mpirun under MPI
+        asked = signal.SIGTERM if controller == "gloo" else signal.SIGUSR1
+        assert [m["signal"] for m in marks] == [asked, asked], marks
 
 
 @pytest.mark.parametrize("mode, target, controller", [("tensorflow", "ckpt.npz", "gloo"), ("torch", "ckpt.npz", "mpi"),
