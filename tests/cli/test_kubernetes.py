@@ -188,6 +188,9 @@ def test_each_job_checkpoints_where_an_evicted_pod_leaves_it_and_resumes(path):
     assert ckpt.startswith(mounts["checkpoints"] + "/") and ckpt.endswith("/") and "--resume" in args
     grace = {e["name"]: e["value"] for e in worker["containers"][0]["env"]}["HVDKIT_STOP_GRACE_S"]
     assert int(grace) + 5 <= worker["terminationGracePeriodSeconds"]
+    if "--host-discovery-script" not in args:     # hvdkit launch asks the ranks to checkpoint on its SIGTERM (MPI)
+        launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+        assert launcher.get("terminationGracePeriodSeconds", 30) >= worker["terminationGracePeriodSeconds"]
     # The example the launcher runs takes both flags (and so checkpoints on the SIGTERM the entrypoint passes on).
     example = ROOT / args[args.index("--") + 2]
     assert '"--checkpoint-dir"' in example.read_text() and '"--resume"' in example.read_text(), example.name
