@@ -119,6 +119,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], wha
     except OSError as exc:
         raise error(cannot_write(path, exc, what)) from exc
     try:
+        # mkstemp makes the file 0600: a checkpoint teammates on a shared cluster could not read, where
+        # torch.save and Keras give what the umask allows, as open() does (0644 under the usual 022).
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)    # ours, until the file is closed
@@ -145,6 +148,20 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], wha
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status, Linux >= 4.7)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)        # elsewhere the only way to read it is to set it, for an instant
+    os.umask(mask)
+    return mask
 
 
 def _disk_full(directory: str, written: int) -> bool:

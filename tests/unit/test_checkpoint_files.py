@@ -255,3 +255,18 @@ def test_a_failed_results_write_is_a_write_error_not_a_checkpoint_error(tmp_path
     assert str(err.value).startswith("cannot write bench result ") and "the previous bench result is untouched" \
         in str(err.value)
     assert (tmp_path / "results.json").read_text() == "old" and os.listdir(tmp_path) == ["results.json"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_follow_the_umask_as_torch_save_does(tmp_path, umask, mode):
+    # Issue 54, case 3: every file hvdkit wrote was mkstemp's 0600, so teammates on a shared cluster could not
+    # read a checkpoint (torch.save gives 0644 under the usual umask).
+    from hvdkit.common.files import atomic_write, current_umask
+
+    old = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        atomic_write(tmp_path / "ckpt.pt", lambda f: f.write(b"x"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "ckpt.pt").stat().st_mode & 0o777 == mode
