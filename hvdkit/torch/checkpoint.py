@@ -26,6 +26,7 @@ import os
 import torch
 
 import hvdkit
+from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
@@ -79,6 +80,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
     """
     ctx = current()
+    _check_scheduler(scheduler, "save_checkpoint")
     # A sharded optimizer's state is gathered from every rank, so each takes part before rank 0 writes.
     sharded = optimizer is not None and is_sharded(optimizer)
     optimizer_state = gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None
@@ -166,6 +168,14 @@ def check_checkpoint_path(path: str | os.PathLike, model: torch.nn.Module | None
     check_on_root(path, need, context.backend(ADAPTER), keep_last=keep_last, suffix=".pt")
 
 
+def _check_scheduler(scheduler, call: str) -> None:
+    """``scheduler=`` is the scheduler itself: its state dict alone cannot be rescaled or loaded into."""
+    if scheduler is not None and not (hasattr(scheduler, "state_dict") and hasattr(scheduler, "load_state_dict")):
+        raise UserError(f"hk.{call}(..., scheduler=) takes the LR scheduler itself, not {type(scheduler).__name__} "
+                        "(hvdkit saves its state_dict and rescales its rates on another world size): pass "
+                        "scheduler=sched, not sched.state_dict()")
+
+
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0, *, scheduler=None,
                     on_resize: str = "rescale", missing_ok: bool = False) -> dict | None:
@@ -186,6 +196,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     is left waiting in a broadcast).
     """
     check_on_resize(on_resize)
+    _check_scheduler(scheduler, "load_checkpoint")
     body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank, missing_ok=missing_ok)
     if body is None:
         return None

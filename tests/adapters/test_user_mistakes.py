@@ -44,3 +44,26 @@ def test_init_refuses_a_thread_count_below_one_before_starting_anything(threads)
 
     with pytest.raises(UserError, match=rf"threads={threads!r}: give the intra-op thread count, 1 or more"):
         init(object(), "torch", adapter="hvdkit.torch", threads=threads)
+
+
+def test_a_schedulers_state_dict_passed_as_scheduler_is_one_line_naming_the_fix():
+    # Issue 54, case 5: a natural reading of the name, which failed on rank 0 alone with "AttributeError: 'dict'
+    # object has no attribute 'state_dict'" (the other ranks then waited). In a subprocess: hk.init() here would set
+    # Horovod's defaults in pytest's environment, which later jobs inherit.
+    import subprocess
+    import sys
+
+    code = ("import torch, hvdkit.torch as hk\n"
+            "hk.init(); model = torch.nn.Linear(2, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "sched = torch.optim.lr_scheduler.StepLR(opt, 1)\n"
+            "for call in (hk.save_checkpoint, hk.load_checkpoint):\n"
+            "    try:\n"
+            "        call('/nonexistent/ckpt.pt', model, opt, scheduler=sched.state_dict())\n"
+            "    except hk.UserError as exc:\n"
+            "        print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split("(")[0] for line in lines] == ["hk.save_checkpoint", "hk.load_checkpoint"], proc.stdout
+    for line in lines:
+        assert "takes the LR scheduler itself, not dict" in line and "not sched.state_dict()" in line, line
