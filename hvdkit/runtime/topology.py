@@ -6,8 +6,7 @@ framework's own type (``torch.device``, or a TensorFlow device string).
 Example::
 
     ctx = hvdkit.torch.init()
-    if ctx.is_main:
-        print(f"{ctx.size} processes on {ctx.cross_size} hosts")
+    ctx.print(f"{ctx.size} processes on {ctx.cross_size} hosts")     # on rank 0 only
 """
 
 from __future__ import annotations
@@ -40,6 +39,17 @@ class Topology:
         """Keras ``verbose=``: one line per epoch on rank 0 (2; a redrawn bar is garbled under
         horovodrun, which pipes and prefixes every line), nothing on the others (0)."""
         return 2 if self.rank == 0 else 0
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on rank 0 only, flushed (as Accelerate's and Fabric's ``print``): one line a job, not a rank.
+
+        Example::
+
+            ctx.print(f"epoch {epoch}: loss {loss:.4f}")
+        """
+        if self.rank == 0:
+            kwargs.setdefault("flush", True)       # under a launcher stdout is a pipe: lines would wait in a buffer
+            print(*args, **kwargs)
 
 
 def cpu_threads_per_rank(local_size: int) -> int | None:
