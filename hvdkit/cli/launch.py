@@ -30,7 +30,7 @@ from hvdkit.cli.args import (
 )
 from hvdkit.common.argtypes import positive_int
 from hvdkit.common.errors import UserError
-from hvdkit.common.launcher import REQUEUE_EXIT_CODE, SLURM, horovodrun_worker_slot
+from hvdkit.common.launcher import REQUEUE_EXIT_CODE, SLURM, horovodrun_worker_slot, started_by_horovodrun
 from hvdkit.common.tuning import check_horovod_environment
 from hvdkit.ops.hosts import RankPlacement
 from hvdkit.ops.launch import (
@@ -292,7 +292,7 @@ def _ask_ranks_to_stop(pid: int) -> bool:
 
 
 def _local_ranks(pid: int) -> list[int]:
-    """The rank processes under horovodrun ``pid`` on this host: HOROVOD_RANK in their environment, not a shell.
+    """The rank processes under horovodrun ``pid`` on this host: a launcher's rank in their environment, not a shell.
 
     Not their children (DataLoader workers inherit the variable): a worker killed by the signal would fail
     the rank's step before it saves.
@@ -305,7 +305,7 @@ def _local_ranks(pid: int) -> list[int]:
     while queue:
         process = queue.pop(0)
         try:
-            if "HOROVOD_RANK" in process.environ() and process.name() not in SHELLS:
+            if started_by_horovodrun(process.environ()) and process.name() not in SHELLS:
                 found.append(process.pid)
                 continue
             queue.extend(process.children())

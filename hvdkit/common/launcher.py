@@ -102,6 +102,11 @@ TORCHRUN = Launcher("torchrun", "torchrun (or another torch.distributed launcher
 # workers inside an srun task (PMIX_RANK inherited) are torchrun's; horovodrun --gloo sets HOROVOD_* only.
 LAUNCHERS = (HOROVODRUN, OPEN_MPI, TORCHRUN, SRUN, MPICH, MVAPICH)
 
+def started_by_horovodrun(env: Mapping[str, str]) -> bool:
+    """A process horovodrun started as a rank, under Gloo or Open MPI (what ``hvdkit launch`` signals)."""
+    return HOROVODRUN.started(env) or OPEN_MPI.started(env)
+
+
 def _int(env: Mapping[str, str], name: str | None) -> int | None:
     text = env.get(name, "").strip() if name else ""
     return int(text) if text.isdigit() else None
