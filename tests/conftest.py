@@ -163,18 +163,33 @@ def read_rank_results(out_dir: Path, np: int, output: str) -> list[dict]:
 
 @pytest.fixture
 def launch(tmp_path):
-    """launch(np, worker, *args, controller=..., timeout=...) -> per-rank result dicts.
+    """launch(np, worker, *args, controller=..., timeout=..., pool=...) -> per-rank result dicts.
 
-    ``controller`` is "gloo" or "mpi" (horovodrun) or "mpirun" (plain mpirun).
+    ``controller`` is "gloo" or "mpi" (horovodrun) or "mpirun" (plain mpirun). Under Gloo a torch_* or
+    keras_* worker runs in a pool (tests/job_pool.py): a long-lived job of N ranks that runs one scenario
+    after another. ``pool=False`` gives the worker processes of its own (a resume that must start cold).
     """
+    from tests.job_pool import POOLS, PoolGone, ScenarioTimeout, family
 
     def _launch(np: int, worker: str, *args: str, controller: str = "gloo", timeout: float = 240,
-                expect_ok: bool = True) -> list[dict]:
+                expect_ok: bool = True, pool: bool = True) -> list[dict]:
         argv = [str(WORKERS / worker), "--out", str(tmp_path), *args]
-        cmd = mpirun_cmd(np, argv) if controller == "mpirun" else horovodrun_cmd(np, argv, controller)
-        proc = run_job(cmd, timeout)
-        if expect_ok and proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
-        return read_rank_results(tmp_path, np, proc.stdout)
+        kind = family(worker, list(args)) if pool and controller == "gloo" else None
+        if kind is not None:
+            cmd = horovodrun_cmd(np, argv)
+            try:
+                rc, output = POOLS.run((np, kind), np, cmd[:cmd.index(sys.executable)], job_env(),
+                                       str(WORKERS / worker), argv[1:], timeout)
+            except ScenarioTimeout as exc:
+                pytest.fail(f"job timed out after {timeout}s in its pool: {' '.join(cmd)}\n{str(exc)[-4000:]}")
+            except PoolGone as exc:
+                pytest.fail(f"the pool running {' '.join(cmd)} ended before it:\n{str(exc)[-4000:]}")
+        else:
+            cmd = mpirun_cmd(np, argv) if controller == "mpirun" else horovodrun_cmd(np, argv, controller)
+            proc = run_job(cmd, timeout)
+            rc, output = proc.returncode, proc.stdout
+        if expect_ok and rc != 0:
+            pytest.fail(f"{' '.join(cmd)} exited {rc}:\n{output[-4000:]}")
+        return read_rank_results(tmp_path, np, output)
 
     return _launch

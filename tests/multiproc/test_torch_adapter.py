@@ -126,7 +126,7 @@ def test_checkpoint_resume_equals_straight_training(launch, tmp_path):
     first = launch(2, "torch_checkpoint.py", "--mode", "first", "--ckpt", str(ckpt))
     assert [r["wrote"] for r in first] == [True, False], "only rank 0 writes"
     assert first[0]["files"] == ["model.pt"], "no temporary files left behind, and no sidecar"
-    resumed = launch(2, "torch_checkpoint.py", "--mode", "resume", "--ckpt", str(ckpt))   # fresh processes
+    resumed = launch(2, "torch_checkpoint.py", "--mode", "resume", "--ckpt", str(ckpt), pool=False)  # fresh processes
     assert [r["start"] for r in resumed] == [1, 1]
     assert all(r["size"] == 2 for r in straight + resumed)
     # Parameters are identical on all ranks; BatchNorm running statistics are each

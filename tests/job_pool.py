@@ -1,0 +1,153 @@
+"""Long-lived multi-rank jobs that run many test scenarios each (the ranks: tests/multiproc/workers/pool_rank.py).
+
+On CI's 2 cores a 2-rank job spends 5-13 s starting processes and importing
+torch or TensorFlow before a check that takes under a second. A pool is one
+real ``horovodrun -np N --gloo`` job per (ranks, framework family) that runs
+the worker scripts one after another, each in a Horovod initialised afresh,
+with each scenario's output captured apart and the process put back after it.
+
+What needs processes of its own keeps them (``launch(..., pool=False)`` or a
+run_job of its own): kills and signals, resume in new processes, GPU pinning,
+per-process environment variables, MPI (Open MPI cannot initialise twice in
+a process, and an idle MPI rank spins a core).
+
+A scenario that exits non-zero, or outlives its timeout, ends its pool; the
+next scenario of that family starts a new one, so a crash fails one test only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
+# Pools alive at once: each TensorFlow rank holds about 0.5 GB; CI has 24 GiB and 2 cores.
+MAX_POOLS = 4
+
+
+class ScenarioTimeout(Exception):
+    """The scenario outlived its timeout (its pool was killed)."""
+
+
+class PoolGone(Exception):
+    """The pool's launcher ended before the scenario did."""
+
+
+class Pool:
+    def __init__(self, np: int, cmd: list[str], env: dict[str, str]):
+        self.np = np
+        self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{np}-"))
+        self.log = open(self.dir / "launcher.log", "w")  # noqa: SIM115 -- open as long as the pool
+        self.proc = subprocess.Popen([*cmd, sys.executable, str(RANK_SCRIPT), "--dir", str(self.dir)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                     start_new_session=True)
+        self.next = 0
+        self.scenarios = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, worker: str, argv: list[str], timeout: float) -> tuple[int, str]:
+        """Run ``worker argv`` on every rank; return (the highest exit code, every rank's output)."""
+        n = self.next
+        self.next += 1
+        job = self.dir / f"job-{n}.json"
+        job.with_suffix(".tmp").write_text(json.dumps({"worker": worker, "argv": argv}))
+        os.replace(job.with_suffix(".tmp"), job)
+        done = [self.dir / f"done-{n}.{r}.json" for r in range(self.np)]
+        deadline = time.monotonic() + timeout
+        while not all(d.exists() for d in done):
+            if not self.alive() and not all(d.exists() for d in done):
+                raise PoolGone(self._output(n) + self._launcher_tail())
+            if time.monotonic() > deadline:
+                output = self._output(n)
+                self.close(kill=True)
+                raise ScenarioTimeout(output)
+            time.sleep(0.02)
+        self.scenarios += 1
+        rc = max(json.loads(d.read_text())["rc"] for d in done)
+        return rc, self._output(n)
+
+    def _output(self, n: int) -> str:
+        parts = []
+        for r in range(self.np):
+            path = self.dir / f"out-{n}.{r}"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            parts.append("".join(f"[{r}]: {line}\n" for line in text.splitlines()))
+        return "".join(parts)
+
+    def _launcher_tail(self) -> str:
+        self.log.flush()
+        return "\npool launcher output:\n" + (self.dir / "launcher.log").read_text(errors="replace")[-3000:]
+
+    def close(self, kill: bool = False) -> None:
+        if self.alive():
+            if not kill:
+                (self.dir / "stop").touch()
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    kill = True
+            if kill:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Pools:
+    """The pools of one pytest session, by key; the least recently used closes when there are too many."""
+
+    def __init__(self):
+        self.pools: OrderedDict[tuple, Pool] = OrderedDict()
+        self.started = 0
+        atexit.register(self.close_all)
+
+    def run(self, key: tuple, np: int, cmd: list[str], env: dict[str, str], worker: str, argv: list[str],
+            timeout: float) -> tuple[int, str]:
+        pool = self.pools.pop(key, None)
+        if pool is None or not pool.alive():
+            while len(self.pools) >= MAX_POOLS:
+                self.pools.popitem(last=False)[1].close()
+            pool = Pool(np, cmd, env)
+            self.started += 1
+        self.pools[key] = pool
+        try:
+            rc, output = pool.run(worker, argv, timeout)
+        except (ScenarioTimeout, PoolGone):
+            self.pools.pop(key, None)
+            raise
+        if rc != 0:                      # its ranks have exited: the next scenario gets a new pool
+            self.pools.pop(key, None)
+            pool.close()
+        return rc, output
+
+    def close_all(self) -> None:
+        while self.pools:
+            self.pools.popitem()[1].close()
+
+
+POOLS = Pools()
+
+
+def family(worker: str, argv: list[str]) -> str | None:
+    """The framework a worker imports, which decides the pool it may join; None where it needs its own processes.
+
+    torch_*.py import torch only; keras_*.py choose their Keras with --mode before importing it (Keras reads
+    its backend once per process).
+    """
+    if worker.startswith("torch_"):
+        return "torch"
+    if worker.startswith("keras_") and "--mode" in argv:
+        return "keras-" + argv[argv.index("--mode") + 1]
+    return None

@@ -1,0 +1,187 @@
+"""One rank of a test job pool (tests/job_pool.py): runs worker scripts one after another in this process.
+
+A test worker costs seconds of process start and framework import for
+checks that take well under a second. A pool is one ``horovodrun --gloo``
+job whose ranks wait for scenarios in ``--dir`` and run each as Python runs
+a script (``runpy``, ``__name__ == "__main__"``), then put the process back
+as they found it, so the next scenario starts as a fresh one would:
+
+- Horovod is shut down after each scenario and the next one's ``hk.init``
+  initialises it again (a new Gloo rendezvous), so no idle Horovod thread
+  spins between scenarios;
+- the environment, working directory, ``sys.argv``, signal handlers, warning
+  filters and registries, and logging are restored; the workers' helper
+  modules are imported afresh;
+- torch's default dtype, thread counts and compiled graphs, and Keras's
+  session, float type and precision policy, are reset.
+
+Protocol: ``job-<n>.json`` (``{"worker": path, "argv": [...]}``) appears in
+``--dir``; each rank writes its output to ``out-<n>.<rank>`` and then
+``done-<n>.<rank>.json`` (``{"rc": exit code}``). A rank whose scenario ends
+non-zero exits after reporting it (the test side starts a new pool), since a
+failed collective can leave Horovod in a state no reset undoes. ``stop`` in
+``--dir`` ends every rank; so does the launcher going away.
+"""
+
+import argparse
+import json
+import logging
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+
+
+def wait_for(path: str, stop: str, parent: int) -> bool:
+    """True once ``path`` exists; False when the pool is told to stop or its launcher is gone."""
+    while not os.path.exists(path):
+        if os.path.exists(stop) or os.getppid() != parent:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+class Snapshot:
+    """What a scenario may change in this process, taken before it and put back after it."""
+
+    def __init__(self):
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.argv = list(sys.argv)
+        self.path = list(sys.path)
+        self.modules = set(sys.modules)
+        self.handlers = {s: signal.getsignal(s) for s in CATCHABLE}
+        self.filters = list(warnings.filters)
+        self.root_handlers = list(logging.root.handlers)
+        self.root_level = logging.root.level
+        self.loggers = {name: (lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+                        for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+
+    def restore(self) -> None:
+        shutdown_horovod()
+        reset_frameworks()
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        sys.argv[:] = self.argv
+        sys.path[:] = self.path
+        for name in set(sys.modules) - self.modules:
+            module = sys.modules[name]
+            if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or "/")) == HERE:
+                del sys.modules[name]      # the workers' helpers (torch_common, keras_common): imported afresh
+        for sig, handler in self.handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        warnings.filters[:] = self.filters
+        warnings._filters_mutated()  # noqa: SLF001 -- forgets every "once"/"default" warning already shown
+        for module in list(sys.modules.values()):
+            registry = getattr(module, "__warningregistry__", None)
+            if isinstance(registry, dict):
+                registry.clear()
+        logging.root.handlers[:] = self.root_handlers
+        logging.root.setLevel(self.root_level)
+        for name, lg in logging.root.manager.loggerDict.items():
+            if not isinstance(lg, logging.Logger):
+                continue
+            level, handlers, propagate, disabled = self.loggers.get(name, (logging.NOTSET, [], True, False))
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, disabled
+
+
+def shutdown_horovod() -> None:
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        hvd = sys.modules.get(name)
+        if hvd is not None and hvd.is_initialized():
+            hvd.shutdown()
+
+
+def reset_frameworks() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.use_deterministic_algorithms(False)
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+    for name in ("keras", "tf_keras"):
+        keras = sys.modules.get(name)
+        if keras is None or not hasattr(keras, "utils"):
+            continue
+        keras.backend.clear_session()
+        if name == "keras":
+            keras.config.set_floatx("float32")
+            keras.config.set_dtype_policy("float32")
+        else:
+            keras.backend.set_floatx("float32")
+            keras.mixed_precision.set_global_policy("float32")
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and hasattr(tf, "config"):
+        tf.config.run_functions_eagerly(False)
+
+
+def run(job: dict, out_path: str) -> int:
+    """Run one scenario with this process's stdout and stderr (the file descriptors) sent to ``out_path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(out_path, "wb") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    sys.argv[:] = [job["worker"], *job["argv"]]
+    rc = 0
+    try:
+        runpy.run_path(job["worker"], run_name="__main__")
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 -- what Python prints for an uncaught exception, and exit status 1
+        traceback.print_exc()
+        rc = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+    return rc
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    directory = p.parse_args().dir
+    rank = os.environ["HOROVOD_RANK"]
+    stop, parent = os.path.join(directory, "stop"), os.getppid()
+    n = 0
+    while wait_for(os.path.join(directory, f"job-{n}.json"), stop, parent):
+        with open(os.path.join(directory, f"job-{n}.json")) as f:
+            job = json.load(f)
+        snapshot = Snapshot()
+        started = time.monotonic()
+        rc = run(job, os.path.join(directory, f"out-{n}.{rank}"))
+        try:
+            snapshot.restore()
+        except BaseException:  # noqa: BLE001 -- a process that cannot be put back serves no more scenarios
+            with open(os.path.join(directory, f"out-{n}.{rank}"), "a") as out:
+                out.write("pool_rank: could not reset the process after this scenario:\n" + traceback.format_exc())
+            rc = rc or 1
+        done = os.path.join(directory, f"done-{n}.{rank}.json")
+        with open(done + ".tmp", "w") as f:
+            json.dump({"rc": rc, "seconds": time.monotonic() - started}, f)
+        os.replace(done + ".tmp", done)
+        if rc != 0:
+            return
+        n += 1
+
+
+if __name__ == "__main__":
+    main()
