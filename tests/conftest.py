@@ -150,6 +150,28 @@ def mpirun_cmd(np: int, argv: list[str]) -> list[str]:
             "-x", "TF_CPP_MIN_LOG_LEVEL", sys.executable, *argv]
 
 
+def run_horovodrun(np: int, argv: list[str], controller: str = "gloo", timeout: float = 240,
+                   pool: str | None = None) -> subprocess.CompletedProcess:
+    """``horovodrun -np N --gloo|--mpi python ARGV`` with job_env(); stdout and stderr together, as run_job.
+
+    ``pool`` names the framework family ("torch", "keras-tensorflow", "keras-torch", tests/job_pool.py): under
+    Gloo the script then runs as a scenario of that family's long-lived job of N ranks, its output each
+    rank's lines tagged ``[R]: ``. A job that needs processes of its own (a resume, a signal) leaves it None.
+    """
+    cmd = horovodrun_cmd(np, argv, controller)
+    if pool is None or controller != "gloo":
+        return run_job(cmd, timeout)
+    from tests.job_pool import POOLS, PoolGone, ScenarioTimeout
+
+    try:
+        rc, output = POOLS.run((np, pool), np, cmd[:cmd.index(sys.executable)], job_env(), argv[0], argv[1:], timeout)
+    except ScenarioTimeout as exc:
+        pytest.fail(f"job timed out after {timeout}s in its pool: {' '.join(cmd)}\n{str(exc)[-4000:]}")
+    except PoolGone as exc:
+        pytest.fail(f"the pool running {' '.join(cmd)} ended before it:\n{str(exc)[-4000:]}")
+    return subprocess.CompletedProcess(cmd, rc, output, "")
+
+
 def read_rank_results(out_dir: Path, np: int, output: str) -> list[dict]:
     """Each worker writes rank<R>.json (workers/rank_results.py); return them by rank, failing if one is missing."""
     results = []
@@ -169,25 +191,18 @@ def launch(tmp_path):
     keras_* worker runs in a pool (tests/job_pool.py): a long-lived job of N ranks that runs one scenario
     after another. ``pool=False`` gives the worker processes of its own (a resume that must start cold).
     """
-    from tests.job_pool import POOLS, PoolGone, ScenarioTimeout, family
+    from tests.job_pool import family
 
     def _launch(np: int, worker: str, *args: str, controller: str = "gloo", timeout: float = 240,
                 expect_ok: bool = True, pool: bool = True) -> list[dict]:
         argv = [str(WORKERS / worker), "--out", str(tmp_path), *args]
-        kind = family(worker, list(args)) if pool and controller == "gloo" else None
-        if kind is not None:
-            cmd = horovodrun_cmd(np, argv)
-            try:
-                rc, output = POOLS.run((np, kind), np, cmd[:cmd.index(sys.executable)], job_env(),
-                                       str(WORKERS / worker), argv[1:], timeout)
-            except ScenarioTimeout as exc:
-                pytest.fail(f"job timed out after {timeout}s in its pool: {' '.join(cmd)}\n{str(exc)[-4000:]}")
-            except PoolGone as exc:
-                pytest.fail(f"the pool running {' '.join(cmd)} ended before it:\n{str(exc)[-4000:]}")
-        else:
-            cmd = mpirun_cmd(np, argv) if controller == "mpirun" else horovodrun_cmd(np, argv, controller)
+        if controller == "mpirun":
+            cmd = mpirun_cmd(np, argv)
             proc = run_job(cmd, timeout)
-            rc, output = proc.returncode, proc.stdout
+        else:
+            proc = run_horovodrun(np, argv, controller, timeout, pool=family(worker, list(args)) if pool else None)
+            cmd = proc.args
+        rc, output = proc.returncode, proc.stdout
         if expect_ok and rc != 0:
             pytest.fail(f"{' '.join(cmd)} exited {rc}:\n{output[-4000:]}")
         return read_rank_results(tmp_path, np, output)

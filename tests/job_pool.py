@@ -140,14 +140,23 @@ class Pools:
 POOLS = Pools()
 
 
+# Workers that need processes of their own: gpu_pinning.py fakes each rank's GPUs and CUDA_VISIBLE_DEVICES.
+OWN_PROCESSES = {"gpu_pinning.py"}
+
+
 def family(worker: str, argv: list[str]) -> str | None:
     """The framework a worker imports, which decides the pool it may join; None where it needs its own processes.
 
     torch_*.py import torch only; keras_*.py choose their Keras with --mode before importing it (Keras reads
-    its backend once per process).
+    its backend once per process); --framework tensorflow workers import TensorFlow without Keras, so they
+    share Keras-on-TensorFlow's pool.
     """
+    if worker in OWN_PROCESSES:
+        return None
     if worker.startswith("torch_"):
         return "torch"
     if worker.startswith("keras_") and "--mode" in argv:
         return "keras-" + argv[argv.index("--mode") + 1]
+    if "--framework" in argv:
+        return {"torch": "torch", "tensorflow": "keras-tensorflow"}.get(argv[argv.index("--framework") + 1])
     return None

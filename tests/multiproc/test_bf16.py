@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT, horovodrun_cmd, run_job
+from tests.conftest import ROOT, run_horovodrun
 from tests.multiproc.test_examples_quiet import WARNING
 
 pytestmark = pytest.mark.multiproc
@@ -40,8 +40,8 @@ def test_bf16_collectives_match_float64_within_bf16_rounding(launch, framework, 
 
 
 def example_accuracy(script: str, controller: str, *args: str, timeout: float = 420) -> dict:
-    proc = run_job(horovodrun_cmd(2, [str(ROOT / "examples" / script), "--json", *args], controller=controller),
-                   timeout=timeout)
+    proc = run_horovodrun(2, [str(ROOT / "examples" / script), "--json", *args], controller, timeout,
+                          pool="keras-tensorflow" if "tensorflow" in args else "torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     match = re.search(r'(\{"dataset".*\})', proc.stdout)
     assert match, proc.stdout[-3000:]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, _tool, horovodrun_cmd, job_env, run_job
+from tests.conftest import ROOT, _tool, job_env, run_horovodrun, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -47,7 +47,7 @@ def test_example_runs_on_two_ranks_without_a_warning(tmp_path, run):
         cmd = [_tool("horovodrun"), *ELASTIC, sys.executable, *argv]
         proc = run_job(cmd, timeout=300, env=job_env(HVDKIT_ELASTIC_HOSTS=str(hosts)))
     else:
-        proc = run_job(horovodrun_cmd(2, argv), timeout=300)
+        proc = run_horovodrun(2, argv, timeout=300, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert re.search(r'"size": 2\b', proc.stdout), f"no 2-rank result line:\n{proc.stdout[-2000:]}"
     assert_no_warning(proc.stdout)

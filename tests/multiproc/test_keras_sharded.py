@@ -7,7 +7,7 @@ gradient accumulation; a checkpoint saved sharded on 2 ranks, resumed on 1 and o
 
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_job
+from tests.conftest import WORKERS, read_rank_results, run_horovodrun
 
 pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "keras_sharded.py")
@@ -16,7 +16,9 @@ WORKER = str(WORKERS / "keras_sharded.py")
 def run(tmp_path, np, controller, *args, name="job"):
     out = tmp_path / name
     out.mkdir()
-    proc = run_job(horovodrun_cmd(np, [WORKER, "--out", str(out), *args], controller), timeout=300)
+    # A resume starts in processes of its own; the rest run in the pool of their Keras (tests/job_pool.py).
+    pool = None if "resume" in args else "keras-" + args[args.index("--mode") + 1]
+    proc = run_horovodrun(np, [WORKER, "--out", str(out), *args], controller, timeout=300, pool=pool)
     assert proc.returncode == 0, proc.stdout[-3000:]
     results = read_rank_results(out, np, proc.stdout)
     assert {r["size"] for r in results} == {np}

@@ -7,7 +7,7 @@ sharded on 2 ranks, resumed on 1 and on 3.
 
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_job
+from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_horovodrun, run_job
 
 pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_sharded.py")
@@ -20,7 +20,7 @@ def test_sharded_training_equals_unsharded_and_holds_a_1_over_n_share(tmp_path, 
     """amp: float32 with a GradScaler (scale, unscale_, clip, scaler.step), as the AMP recipe is written. Both
     controllers: MPI, what hvdkit launch picks on one host, and Gloo."""
     argv = [WORKER, "--out", str(tmp_path), "--optimizer", optimizer, *(["--amp"] if amp else [])]
-    proc = run_job(horovodrun_cmd(np, argv, controller), timeout=240)
+    proc = run_horovodrun(np, argv, controller, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     results = read_rank_results(tmp_path, np, proc.stdout)
     assert {r["size"] for r in results} == {np}
@@ -57,7 +57,7 @@ def test_a_sharded_checkpoint_resumes_on_other_world_sizes_sharded_or_not(tmp_pa
 
 
 def test_what_sharding_cannot_do_is_one_user_error_each(tmp_path):
-    proc = run_job(horovodrun_cmd(2, [WORKER, "--out", str(tmp_path), "--phase", "refusals"]), timeout=240)
+    proc = run_horovodrun(2, [WORKER, "--out", str(tmp_path), "--phase", "refusals"], pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(tmp_path, 2, proc.stdout):
         errors = r["errors"]
