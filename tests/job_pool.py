@@ -115,6 +115,7 @@ class Pools:
 
     def run(self, key: tuple, np: int, cmd: list[str], env: dict[str, str], worker: str, argv: list[str],
             timeout: float) -> tuple[int, str]:
+        key = (*key, hash(frozenset(env.items())))      # a test that sets a variable gets a pool of its own
         pool = self.pools.pop(key, None)
         if pool is None or not pool.alive():
             while len(self.pools) >= MAX_POOLS:

@@ -114,13 +114,12 @@ def reset_frameworks() -> None:
         keras = sys.modules.get(name)
         if keras is None or not hasattr(keras, "utils"):
             continue
-        keras.backend.clear_session()
         if name == "keras":
             keras.config.set_floatx("float32")
-            keras.config.set_dtype_policy("float32")
         else:
             keras.backend.set_floatx("float32")
-            keras.mixed_precision.set_global_policy("float32")
+            keras.mixed_precision.set_global_policy(None)     # unset: the policy follows floatx again
+        keras.backend.clear_session()                         # Keras 3: also unsets the global dtype policy
     tf = sys.modules.get("tensorflow")
     if tf is not None and hasattr(tf, "config"):
         tf.config.run_functions_eagerly(False)
