@@ -36,6 +36,7 @@ from hvdkit.ops.hosts import RankPlacement
 from hvdkit.ops.launch import (
     BuildFlags,
     LaunchConfig,
+    WholeLines,
     check_command,
     check_program,
     check_timeline,
@@ -178,14 +179,22 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
     removed: set[int] = set()                   # elastic: those whose slot left the discovered hosts
 
     def pump(source, sink):
-        for line in source:
+        joiner = WholeLines()          # MPI's tagged pieces back into the ranks' lines
+
+        def emit(line):
             if interrupted.is_set() and not is_rank_output(line):
-                continue
+                return
             sink.write(line)
             sink.flush()
             tail.append(line)
             if elastic:
                 _name_worker(line, slots, removed)
+
+        for raw in source:
+            for line in joiner.feed(raw):
+                emit(line)
+        for line in joiner.flush():
+            emit(line)
 
     readers = [threading.Thread(target=pump, args=(proc.stdout, sys.stdout), daemon=True),
                threading.Thread(target=pump, args=(proc.stderr, sys.stderr), daemon=True)]
