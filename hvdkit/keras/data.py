@@ -14,12 +14,12 @@ import math
 
 from hvdkit.common.errors import UserError
 from hvdkit.keras.context import current
-from hvdkit.runtime.sharding import check_batch_size, shard_together
+from hvdkit.runtime.sharding import check_batch_size, shard_together, take_unpadded
 
 log = logging.getLogger("hvdkit.keras")
 
 
-def shard_arrays(*arrays, drop_remainder: bool = False):
+def shard_arrays(*arrays, drop_remainder: bool = False, pad: bool = True):
     """Rows rank, rank+size, ... of each array (the same rows of each, so x and y stay paired).
 
     Every rank gets the same number of rows, so ``model.fit`` runs the same
@@ -27,8 +27,19 @@ def shard_arrays(*arrays, drop_remainder: bool = False):
     batch): the rows are padded to a multiple of the number of ranks by
     repeating the first ones, as torch's DistributedSampler does, or with
     ``drop_remainder=True`` the last ``len % size`` rows are left out.
+
+    ``pad=False`` keeps every row exactly once, so the first ``len % size``
+    ranks get one row more: for validation and evaluation data, where the
+    ranks need not run the same number of batches and a padding row would be
+    counted twice in the metrics (``validation_data=hk.shard_arrays(x_val,
+    y_val, pad=False)``; ``hk.callbacks()`` then logs one process's numbers).
     """
     ctx = current()
+    if not pad:
+        if drop_remainder:
+            raise UserError("shard_arrays(pad=False, drop_remainder=True): pad=False keeps every row once and "
+                            "drop_remainder=True cuts some; give one of them")
+        return shard_together(arrays, ctx.rank, ctx.size, take=take_unpadded)
     return shard_together(arrays, ctx.rank, ctx.size, drop_remainder=drop_remainder)
 
 

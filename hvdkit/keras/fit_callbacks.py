@@ -7,7 +7,7 @@ Example::
                                      keras.callbacks.ModelCheckpoint("best.keras"),
                                      warmup_epochs=2))
 
-Order: broadcast rank 0's initial state; average metrics over ranks (before
+Order: broadcast rank 0's initial state; metrics over every rank's data (before
 anything that reads them, such as ReduceLROnPlateau, TensorBoard or
 ModelCheckpoint); warm the learning rate up; then the user's callbacks, with
 those that write files (ModelCheckpoint, TensorBoard, CSVLogger, BackupAndRestore)
@@ -26,6 +26,7 @@ from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
+from hvdkit.keras.metrics import sync_metrics
 from hvdkit.keras.nonfinite import nonfinite_loss_callback
 from hvdkit.keras.optimizer import (
     broadcast_state,
@@ -241,14 +242,50 @@ def _train_end_barrier(keras, backend) -> type:
 
 def _metric_average(keras, backend) -> type:
     class MetricAverage(keras.callbacks.Callback):
-        """Replaces each epoch's logged metrics by their mean over ranks."""
+        """Each epoch's logged metrics as one process over every rank's data logs them (:mod:`hvdkit.keras.metrics`).
+
+        The model's metric states are summed over the ranks (:func:`sync_metrics`) before the results are taken:
+        the training metrics when fit's validation starts (or at the epoch's end without one), the validation
+        metrics when it ends. Keras hands callbacks a copy of evaluate's logs, so a plain ``model.evaluate``
+        cannot be corrected from here: ``hk.evaluate`` is the exact one. Numbers that are not metric results
+        (a callback's own entries) are averaged, as before.
+        """
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.training = None                # this epoch's training results, summed over the ranks
+            self.validation = {}
+
+        def on_test_begin(self, logs=None):
+            if getattr(self, "training", False) is None:     # fit's validation: the training state is still there
+                self.training = self._synced_results()
+
+        def on_test_end(self, logs=None):
+            if getattr(self, "training", False) is not False:
+                self.validation = {f"val_{k}": v for k, v in self._synced_results().items()}
 
         def on_epoch_end(self, epoch, logs=None):
             if not logs:
                 return
-            keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)) or hasattr(v, "__float__"))
-            values = backend.allreduce_floats([float(logs[k]) for k in keys], "average", name=f"hvdkit.metrics.{epoch}")
-            logs.update(zip(keys, values))
+            training = self.training if self.training is not None else self._synced_results()
+            self.training = False
+            logs.update({k: v for k, v in training.items() if k in logs})
+            logs.update({k: v for k, v in self.validation.items() if k in logs})
+            exact = set(training) | set(self.validation)
+            keys = sorted(k for k, v in logs.items() if k not in exact and (isinstance(v, (int, float))
+                                                                            or hasattr(v, "__float__")))
+            if keys:
+                values = backend.allreduce_floats([float(logs[k]) for k in keys], "average",
+                                                  name=f"hvdkit.metrics.{epoch}")
+                logs.update(zip(keys, values))
+
+        def _synced_results(self) -> dict:
+            sync_metrics(*self.model.metrics)
+            results = {}
+            for metric in self.model.metrics:
+                value = metric.result()
+                items = value.items() if isinstance(value, dict) else [(metric.name, value)]
+                results.update((k, float(v)) for k, v in items)
+            return results
 
     return MetricAverage
 

@@ -68,6 +68,11 @@ def take_shard(data: Any, rank: int, size: int, *, drop_remainder: bool = False)
     return np.concatenate([np.asarray(head), np.asarray(data[pad])])
 
 
+def take_unpadded(data: Any, rank: int, size: int, *, drop_remainder: bool = False) -> Any:
+    """Rows ``rank, rank + size, ...`` of ``data``, every row once (ranks may differ by one row); no padding."""
+    return (data.iloc if hasattr(data, "iloc") else data)[rank::size]
+
+
 def shard_together(arrays: tuple, rank: int, size: int, *, drop_remainder: bool = False,
                    take: Callable[..., Any] = take_shard) -> Any:
     """This rank's rows of each of ``arrays`` (x and y stay paired); one array alone comes back unwrapped.
