@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -39,7 +40,9 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line, script_scales_lr
+
+log = logging.getLogger("hvdkit.keras")
 
 FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
 READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
@@ -153,7 +156,10 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
         # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
         # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
         if factor != 1.0 and saves_learning_rate(optimizer):
-            set_learning_rate(optimizer, get_learning_rate(optimizer) * factor)
+            before = get_learning_rate(optimizer)
+            set_learning_rate(optimizer, before * factor)
+            if ctx.is_main:
+                log.warning(resumed_rate_line(header.get("world_size"), ctx.size, before, before * factor))
         if header.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size
             optimizer._hvdkit_warmup_target = header["warmup_target"] * factor
     return header["extra"]

@@ -155,3 +155,9 @@ def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scal
     if saved_scale is None or saved_scale == now_scale:
         return 1.0
     return now_scale / saved_scale
+
+
+def resumed_rate_line(saved_size: int | None, size: int, before: float, after: float) -> str:
+    """The one line a resume on another world size prints (rank 0): the checkpoint's rate and this job's."""
+    return (f"hvdkit: resumed a checkpoint of {saved_size} ranks on {size}: learning rate {before:g} -> {after:g}, "
+            "as scale_lr gives for this size (load_checkpoint(..., on_resize='error') refuses another size)")

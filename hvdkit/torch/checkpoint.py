@@ -37,7 +37,7 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line, script_scales_lr
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.sharded import gathered_state, is_sharded
 from hvdkit.torch.tensors import plain_module, to_cpu
@@ -226,7 +226,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                                       "save_checkpoint(..., scheduler=scheduler), or load without scheduler=")
             scheduler.load_state_dict(body["scheduler"])
             _rescale_scheduler(scheduler, factor)
-        if factor != 1.0 and ctx.is_main:
-            log.info("resumed a checkpoint of %s ranks on %d: learning rates x%g, as scale_lr gives",
-                     body.get("world_size"), ctx.size, factor)
+        if factor != 1.0 and ctx.is_main and optimizer.param_groups and "lr" in optimizer.param_groups[0]:
+            after = float(optimizer.param_groups[0]["lr"])
+            log.warning(resumed_rate_line(body.get("world_size"), ctx.size, after / factor, after))
     return body["extra"]
