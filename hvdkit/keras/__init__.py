@@ -33,7 +33,7 @@ _WHERE = {
     "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",
     "Context": "hvdkit.keras.context", "current": "hvdkit.keras.context", "init": "hvdkit.keras.context",
     "seed_everything": "hvdkit.keras.context",
-    "distributed_batches": "hvdkit.keras.data", "fit": "hvdkit.keras.data",
+    "distributed_batches": "hvdkit.keras.data", "check_sharded": "hvdkit.keras.data", "fit": "hvdkit.keras.data",
     "shard_arrays": "hvdkit.keras.data", "shard_dataset": "hvdkit.keras.data", "steps_per_epoch": "hvdkit.keras.data",
     "DistributedOptimizer": "hvdkit.keras.optimizer", "broadcast_state": "hvdkit.keras.optimizer",
     "scale_lr": "hvdkit.keras.optimizer", "sync_metrics": "hvdkit.keras.metrics",
@@ -69,7 +69,8 @@ def __dir__():
 
 __all__ = [
     "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "SyncBatchNormalization", "UserError", "broadcast_state", "callbacks", "check_checkpoint_path", "current",
+    "SyncBatchNormalization", "UserError", "broadcast_state", "callbacks", "check_checkpoint_path", "check_sharded",
+    "current",
     "distributed_batches", "elastic", "evaluate", "fit",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "resolve_backend",
     "save_checkpoint", "scale_lr", "seed_everything", "shard_arrays", "shard_dataset", "steps_per_epoch",

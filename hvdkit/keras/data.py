@@ -12,8 +12,12 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
+
 from hvdkit.common.errors import UserError
+from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
+from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.runtime.sharding import check_batch_size, shard_together, take_unpadded
 
 log = logging.getLogger("hvdkit.keras")
@@ -64,6 +68,35 @@ def shard_dataset(dataset, drop_remainder: bool = False):
                     "batches and deadlock at the last one; use .repeat() and fit(steps_per_epoch=hk.steps_per_epoch"
                     "(n, batch_size))")
     return dataset.shard(ctx.size, ctx.rank)
+
+
+def check_sharded(*batch) -> bool:
+    """Collective: True, and one ``hvdkit:`` line on rank 0, when every rank's ``batch`` holds the same rows.
+
+    ``fit`` checks its data itself (``hk.callbacks()``); a custom loop calls
+    this once, on every rank, with its first batch (``x, y`` as tensors or
+    arrays), so an unsharded ``tf.data`` pipeline is named instead of every
+    rank training on the same data. Rows in another order count as the same.
+    A pipeline that shuffles unsharded data with another seed on each rank
+    gives different first batches and passes: shard before shuffling.
+    """
+    ctx = current()
+    if ctx.size == 1:
+        return False
+    arrays = [np.asarray(_to_numpy(b)) for b in batch]
+    unsharded = same_everywhere(backend_for(ctx.backend), rows_fingerprint(arrays), name="hvdkit.batch_data")
+    if unsharded and ctx.rank == 0:
+        log.warning("hvdkit: every rank's first batch holds the same rows, so the data is not sharded: call "
+                    "ds = hk.shard_dataset(ds) before shuffle and batch (or x, y = hk.shard_arrays(x, y)), so each "
+                    "rank trains on its own 1/size of the data")
+    return unsharded
+
+
+def _to_numpy(value):
+    """A batch tensor (TensorFlow, torch, Keras) or array as numpy, off the device."""
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return value.numpy() if hasattr(value, "numpy") else value
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:

@@ -33,3 +33,17 @@ def test_fit_evaluate_and_a_custom_loop_log_one_process_numbers(launch, mode, np
     expected = results[0]["train_expected"]
     for name in COUNTS + RATIOS:
         assert close(results[0]["logged"][name], expected[name]), (name, results[0]["logged"], expected)
+
+
+@pytest.mark.parametrize("unsharded", [True, False])
+def test_a_custom_loop_over_unsharded_tf_data_is_named_in_one_line(launch, unsharded):
+    """Case 9: fit's unsharded-data check did not reach custom loops; hk.check_sharded is the one call they make."""
+    results = launch(2, "keras_custom_loop.py", "--mode", "tensorflow", *(["--unsharded"] if unsharded else []))
+    assert [r["size"] for r in results] == [2, 2]
+    assert [r["unsharded"] for r in results] == [unsharded] * 2
+    lines = [w for w in results[0]["warnings"] if w.startswith("hvdkit: ")]
+    assert len(lines) == (1 if unsharded else 0), lines
+    if unsharded:
+        assert "not sharded" in lines[0] and "hk.shard_dataset(ds) before shuffle and batch" in lines[0]
+    assert results[1]["warnings"] == [], "rank 0 alone says it"
+    assert results[0]["final"] == results[1]["final"], "the ranks' weights must agree"
