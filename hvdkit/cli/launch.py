@@ -130,14 +130,14 @@ def run(config: LaunchCommandConfig) -> int:
     print(f"hvdkit launch: {plan.shell()}\n  ({plan.controller}: {plan.reason})", flush=True)
     if config.hosts_chosen:
         print(f"  (hosts: {config.hosts_chosen})", flush=True)
-    _warn(cfg)
+    risk = _warn(cfg)
     if config.dry_run:
         return 0
-    return supervise(plan.argv, plan.layout, elastic=cfg.elastic)
+    return supervise(plan.argv, plan.layout, elastic=cfg.elastic, elastic_risk=risk)
 
 
-def _warn(cfg: LaunchConfig) -> None:
-    """What the job will do that the user may not expect: wait for slots, or end on one failure."""
+def _warn(cfg: LaunchConfig) -> str | None:
+    """What the job will do that the user may not expect: wait for slots, or end on one failure (returned)."""
     script, hosts = cfg.discovery_script, cfg.hosts
     if script and hosts.total_slots < cfg.np:
         wait = f"{cfg.elastic_timeout} s" if cfg.elastic_timeout else "--elastic-timeout (600 s by default)"
@@ -146,9 +146,11 @@ def _warn(cfg: LaunchConfig) -> None:
     risk = one_host_elastic_risk(hosts) if cfg.elastic else None
     if risk:
         print(f"hvdkit launch: warning: {risk}", file=sys.stderr, flush=True)
+    return risk
 
 
-def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic: bool = False) -> int:
+def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic: bool = False,
+              elastic_risk: str | None = None) -> int:
     """Run horovodrun, pass its output through, and on failure add one line: which rank, where, why.
 
     horovodrun runs in a process group of its own, and SIGINT, SIGTERM and
@@ -236,7 +238,9 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
         return REQUEUE_EXIT_CODE
     if rc != 0:
         why = explain_failure("".join(tail), layout)
-        print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'} "
+        # An elastic job on one host line ends with its first lost worker: the fix the start's warning gave, again.
+        fix = f"; {elastic_risk}" if elastic_risk else ""
+        print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'}{fix} "
               "(its own output is above)", file=sys.stderr, flush=True)
     return rc if rc >= 0 else 128 - rc
 

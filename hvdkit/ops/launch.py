@@ -428,8 +428,11 @@ def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]],
     :func:`hvdkit.common.launcher.horovodrun_worker_slot`; ``removed`` holds the ranks :func:`removed_worker` saw
     leave because their slot left the host list::
 
-        explain_worker_exit(1, 137, {1: ("hostb", 0)}, set())
+        explain_worker_exit(1, 137, {0: ("hosta", 0), 1: ("hostb", 0)}, set())
         # 'worker lost: rank 1 on hostb, local rank 0: killed by SIGKILL; Horovod drops its host and ...'
+
+    Whether the job goes on is said from the hosts of the workers seen so
+    far: when they all share the lost worker's host, Horovod drops them all.
     """
     if rank in slots:
         host, local_rank = slots[rank]
@@ -440,8 +443,13 @@ def explain_worker_exit(rank: int, code: int, slots: dict[int, tuple[str, int]],
         return f"worker left: {where}: its slot is no longer in the discovered hosts ({_cause(code)})"
     if code == REQUEUE_EXIT_CODE:       # every rank exits so together, once rank 0's checkpoint is on disk
         return f"worker preempted: {where}: {_cause(code)}, after the ranks' checkpoint"
-    return (f"worker lost: {where}: {_cause(code)}; Horovod drops its host and the job goes on while --min-np "
-            "workers remain")
+    host = slots.get(rank, (None,))[0]
+    if host is not None and {h for h, _ in slots.values()} == {host}:
+        return (f"worker lost: {where}: {_cause(code)}; Horovod drops its host, {host}, where every worker of this "
+                "job runs, so the job stops")
+    return (f"worker lost: {where}: {_cause(code)}; Horovod drops its host and every worker on it; the job goes on "
+            "while --min-np workers remain on other hosts, after a pause of up to HOROVOD_GLOO_TIMEOUT_SECONDS "
+            "(30 s by default) while they notice")
 
 
 # An exception line of a Python traceback: "hvdkit.runtime.checkpoint_files.CheckpointError: cannot write ...", or the

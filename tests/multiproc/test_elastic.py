@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -96,12 +97,43 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
         job.kill()
     assert "--network-interface lo" in job.output and "warning" not in job.output
     # issue 35: horovodrun says only "Process 1 exit with status code 137."; hvdkit launch names the worker
-    named = rf"^hvdkit launch: worker lost: rank {started_as} on 127\.0\.0\.1, local rank 0: killed by SIGKILL"
+    named = rf"^hvdkit launch: worker lost: rank {started_as} on 127\.0\.0\.1, local rank 0: killed by SIGKILL" \
+        "; Horovod drops its host and every worker on it; the job goes on while --min-np workers remain"
     assert re.search(named, job.output, re.M), job.output[-4000:]
     assert job.commits[-1].size == 1 and any(c.size == 2 for c in job.commits)
     result = json.loads(re.search(r'(\{"test_accuracy".*\})', job.output).group(1))
     check_continuous(job.commits, result["steps"])
     assert result["epochs"] == 4 and result["size"] == 1
+
+
+def test_one_host_line_stops_at_a_killed_worker_and_every_line_says_so(tmp_path):
+    """Issue 54, case 10: with 'localhost slots=2' one SIGKILL stops the job (Horovod blacklists the host). Both
+    "worker lost" lines said "the job goes on while --min-np workers remain", and the last line gave no fix."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json")
+    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    try:
+        job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 4, 180, "4 steps on 2 processes")
+        script = str(ROOT / "examples" / "pytorch_elastic.py")
+        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+                   if _process_info(p)[0][:2] == [sys.executable, script]]
+        assert len(workers) == 2, [_process_info(p) for p in workers]
+        max(workers, key=lambda p: int(_process_info(p)[1]["HOROVOD_RANK"])).kill()
+        killed = time.time()
+        assert job.finish(timeout=120) != 0, job.output[-4000:]
+        took = time.time() - killed
+    finally:
+        job.kill()
+    print(f"the job ended {took:.1f} s after the kill")
+    assert "every slot is on one host line (localhost:2)" in job.output      # the warning at the start
+    lost = re.findall(r"^hvdkit launch: worker lost: .*$", job.output, re.M)
+    assert lost and all(line.endswith("where every worker of this job runs, so the job stops") for line in lost), lost
+    assert "goes on" not in job.output
+    last = job.output.strip().splitlines()[-1]
+    assert last.startswith("hvdkit launch: job failed:") and "list the machine once per slot" in last, last
 
 
 def test_a_removed_worker_that_exits_late_does_not_stop_its_successor(tmp_path):

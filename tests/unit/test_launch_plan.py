@@ -258,8 +258,14 @@ def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_w
     assert worker_exit("Process 1 exit with status code 137.\n") == (1, 137)
     assert worker_exit("[1]<stderr>:Process 1 exit with status code 1.") is None
     slots = {1: ("127.0.0.1", 0)}
-    assert explain_worker_exit(1, 137, slots, set()).startswith(
-        "worker lost: rank 1 on 127.0.0.1, local rank 0: killed by SIGKILL; Horovod drops its host")
+    # issue 54, case 10: every worker seen on the lost one's host: the job stops, and the line says so
+    assert explain_worker_exit(1, 137, slots, set()) == (
+        "worker lost: rank 1 on 127.0.0.1, local rank 0: killed by SIGKILL; Horovod drops its host, 127.0.0.1, "
+        "where every worker of this job runs, so the job stops")
+    other = explain_worker_exit(1, 137, {0: ("localhost", 0), **slots}, set())
+    assert other.startswith("worker lost: rank 1 on 127.0.0.1, local rank 0: killed by SIGKILL; Horovod drops its "
+                            "host and every worker on it; the job goes on while --min-np workers remain on other "
+                            "hosts, after a pause of up to HOROVOD_GLOO_TIMEOUT_SECONDS"), other
     assert "rank 2 (its host is unknown" in explain_worker_exit(2, 1, slots, set())
     # a slot the discovery script no longer lists: Horovod ends its worker with status 1, which is no failure
     gone = removed_worker("[1]<stderr>:[...] rendezvous failed: localhost[1] has been removed from elastic job")
