@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
@@ -134,7 +135,17 @@ class Shards:
         # Every rank must hold the same entries, or the gathering below would wait forever; and every rank must
         # have loaded the same states (a load on rank 0 alone, then broadcast_state, mixed rank 0's new slice
         # with the others' old ones, silently, where each already held state).
-        counts = hvd.allgather_object((len(entries), self.user_loads), name=f"{caller}.sharded_state")
+        try:
+            counts = hvd.allgather_object((len(entries), self.user_loads), name=f"{caller}.sharded_state")
+        except HorovodInternalError as exc:
+            if "shut down" not in str(exc):
+                raise
+            # The others never came: they had finished (a last save under `if ctx.is_main:`, the DDP habit), or
+            # waited in another collective until the stall inspector shut Horovod down (a save mid-training).
+            raise UserError(f"{caller.split('.sharded')[0]} is collective with shard_optimizer_state (every rank "
+                            "sends its slices), and Horovod has been shut down while this rank waited for the "
+                            "others, which had finished or were in another collective: call it on every rank, "
+                            "not under `if ctx.is_main:` (only rank 0 writes the file)") from exc
         if len(set(counts)) > 1:
             raise UserError(f"the ranks hold different optimizer states ((entries, loads) per rank: {counts}): with "
                             "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "

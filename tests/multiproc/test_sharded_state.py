@@ -118,3 +118,22 @@ def test_a_sharded_save_on_rank_0_alone_ends_naming_the_call_and_the_fix(tmp_pat
     assert "hk.save_checkpoint is collective: call it on every rank, not under `if ctx.is_main:`." in line, line
     assert took < 60, f"took {took:.0f}s to end"
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_the_last_save_on_rank_0_alone_ends_at_once_naming_the_fix(tmp_path):
+    """Issue 54, case 4: the DDP habit of a final save under `if ctx.is_main:` ended in "HorovodInternalError:
+    Horovod has been shut down" (the other ranks had left), with no fix named; the model was lost."""
+    import time
+
+    from tests.conftest import hvdkit_launch_cmd
+
+    start = time.time()
+    proc = run_job(hvdkit_launch_cmd(2, [WORKER, "--out", str(tmp_path), "--phase", "last-save-on-main",
+                                         "--ckpt", str(tmp_path / "c.pt")], "gloo"), timeout=120)
+    took = time.time() - start
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    r0, r1 = read_rank_results(tmp_path, 2, proc.stdout)
+    assert r0["size"] == 2 and r1["error"] is None
+    assert r0["error"].startswith("UserError: hk.save_checkpoint is collective"), r0["error"]
+    assert "not under `if ctx.is_main:`" in r0["error"] and "shard_optimizer_state" in r0["error"], r0["error"]
+    assert took < 60, f"took {took:.0f}s to end"

@@ -27,7 +27,8 @@ import hvdkit.torch.sharded as sharded_state
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="adam")
-p.add_argument("--phase", choices=["compare", "save", "resume", "refusals", "save-on-main"], default="compare")
+p.add_argument("--phase", choices=["compare", "save", "resume", "refusals", "save-on-main", "last-save-on-main"],
+               default="compare")
 p.add_argument("--ckpt")
 p.add_argument("--shard", action="store_true", help="resume into a sharded optimizer")
 p.add_argument("--steps", type=int, default=20)
@@ -142,6 +143,17 @@ elif args.phase == "save-on-main":           # a user's mistake: the save under 
     except Exception as exc:
         write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
         raise
+elif args.phase == "last-save-on-main":      # the DDP habit: the final save under `if ctx.is_main:`, then exit
+    model = Net()
+    opt = make(model, True)
+    train(model, opt, 2)
+    result["error"] = None
+    if ctx.is_main:
+        try:
+            hk.save_checkpoint(args.ckpt, model, opt)
+        except Exception as exc:
+            write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
+            raise
 elif args.phase == "refusals":
     model = Net()
     cases = {
