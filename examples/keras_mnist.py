@@ -88,7 +88,7 @@ def main():
     start = time.time()
     hk.fit(model, batches, epochs=args.epochs,  # hvdkit: model.fit from batches.epoch, a resumed epoch's rest first
            verbose=ctx.verbose,  # hvdkit: a line per epoch from rank 0 only
-           callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs,  # hvdkit: broadcast, metric average, warmup
+           callbacks=hk.callbacks(warmup_epochs=args.warmup_epochs,  # hvdkit: broadcast, exact metrics, warmup
                                   preemption_checkpoint=checkpoint_dir))  # hvdkit: SIGTERM -> checkpoint, exit 75
     elapsed = time.time() - start
     # Every rank holds the same weights, so evaluating the whole (small) test set gives every rank the exact result.
