@@ -18,7 +18,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 GPU_VENV ?= .venv-gpu
 GPU_TF_VENV ?= .venv-gpu-tf
 
-.PHONY: install install-gpu install-gpu-tf lock test-tools demo lint test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
+.PHONY: install install-gpu install-gpu-tf lock test-tools demo lint reference test test-gpu test-unit test-unit-dev test-adapters test-cli test-multiproc \
 	test-multihost test-image env bench bench-scaling clean
 
 install: $(STAMP)
@@ -98,6 +98,10 @@ test-image: $(TEST_STAMP)
 # Refuses in one line without a GPU.
 test-gpu:
 	@$(firstword $(wildcard $(GPU_VENV)/bin/python $(GPU_TF_VENV)/bin/python) python3) scripts/gpu_acceptance.py
+
+# docs/REFERENCE.md from the code (tests/adapters/test_api_reference.py checks it is current).
+reference: $(STAMP)
+	$(BIN)/python scripts/api_reference.py
 
 env: $(STAMP)
 	$(BIN)/hvdkit env
