@@ -156,7 +156,8 @@ def run_horovodrun(np: int, argv: list[str], controller: str = "gloo", timeout: 
 
     ``pool`` names the framework family ("torch", "keras-tensorflow", "keras-torch", tests/job_pool.py): under
     Gloo the script then runs as a scenario of that family's long-lived job of N ranks, its output each
-    rank's lines tagged ``[R]: ``. A job that needs processes of its own (a resume, a signal) leaves it None.
+    rank's lines tagged ``[R]<stdout>:`` or ``[R]<stderr>:`` as horovodrun tags them. A job that needs
+    processes of its own (a resume, a signal) leaves it None.
     """
     cmd = horovodrun_cmd(np, argv, controller)
     if pool is None or controller != "gloo":

@@ -79,11 +79,13 @@ class Pool:
         return rc, self._output(n)
 
     def _output(self, n: int) -> str:
+        """Every rank's stdout, then its stderr, each line tagged as horovodrun --gloo tags it ([1]<stderr>:...)."""
         parts = []
         for r in range(self.np):
-            path = self.dir / f"out-{n}.{r}"
-            text = path.read_text(errors="replace") if path.exists() else ""
-            parts.append("".join(f"[{r}]: {line}\n" for line in text.splitlines()))
+            for stream, suffix in (("stdout", ""), ("stderr", ".err")):
+                path = self.dir / f"out-{n}.{r}{suffix}"
+                text = path.read_text(errors="replace") if path.exists() else ""
+                parts.append("".join(f"[{r}]<{stream}>:{line}\n" for line in text.splitlines()))
         return "".join(parts)
 
     def _launcher_tail(self) -> str:

@@ -76,10 +76,12 @@ def evaluate(model, x=None, y=None, *, return_dict: bool = False, **kwargs):
     ``model.evaluate`` returns (a list, a number, or with ``return_dict=True``
     a dict), from the metric states summed over the ranks.
     """
-    model.evaluate(x, y, return_dict=True, **kwargs)
+    local = model.evaluate(x, y, return_dict=True, **kwargs)
     sync_metrics(*model.metrics)
-    results = {k: float(v) for k, v in model.get_metrics_result().items()}
+    synced = {k: float(v) for k, v in model.get_metrics_result().items()}
+    results = {k: synced.get(k, v) for k, v in local.items()}      # model.evaluate's keys, in its order
     if return_dict:
         return results
-    values = list(results.values())
-    return values[0] if len(values) == 1 else values
+    flatten = getattr(model, "_flatten_metrics_in_order", None)     # Keras's own list order
+    values = flatten(results) if flatten is not None else list(results.values())
+    return values[0] if isinstance(values, list) and len(values) == 1 else values

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, job_env, read_rank_results, run_job
+from tests.conftest import WORKERS, horovodrun_cmd, job_env, read_rank_results, run_horovodrun, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -37,7 +37,7 @@ def test_a_parameter_without_gradient_is_still_warned_about_by_name(launch):
 def equivalent_run(tmp_path, controller, *args):
     """torch_equivalence.py on 2 ranks, checked as every case here is: the ranks equal, and equal to one process."""
     argv = [str(WORKERS / "torch_equivalence.py"), "--out", str(tmp_path), *args]
-    proc = run_job(horovodrun_cmd(2, argv, controller), timeout=180)
+    proc = run_horovodrun(2, argv, controller, timeout=180, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     r0, r1 = read_rank_results(tmp_path, 2, proc.stdout)
     assert r0["size"] == r1["size"] == 2

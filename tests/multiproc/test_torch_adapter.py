@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import BIN, ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_job
+from tests.conftest import BIN, ROOT, WORKERS, horovodrun_cmd, kill_mid_save, run_horovodrun, run_job
 
 pytestmark = pytest.mark.multiproc
 
@@ -147,7 +147,7 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     base = [str(WORKERS / "torch_checkpoint.py"), "--out", str(out), "--ckpt", f"{ckpts}/"]
-    proc = run_job(horovodrun_cmd(2, [*base, "--mode", "straight", "--epochs", "3"]), timeout=240)
+    proc = run_horovodrun(2, [*base, "--mode", "straight", "--epochs", "3"], pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     kept = sorted(p.name for p in ckpts.iterdir())
     assert kept == ["ckpt-00000001.pt", "ckpt-00000002.pt"]

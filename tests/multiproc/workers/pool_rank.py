@@ -16,7 +16,7 @@ as they found it, so the next scenario starts as a fresh one would:
   session, float type and precision policy, are reset.
 
 Protocol: ``job-<n>.json`` (``{"worker": path, "argv": [...]}``) appears in
-``--dir``; each rank writes its output to ``out-<n>.<rank>`` and then
+``--dir``; each rank writes its output to ``out-<n>.<rank>`` (stderr: ``.err``) and then
 ``done-<n>.<rank>.json`` (``{"rc": exit code}``). A rank whose scenario ends
 non-zero exits after reporting it (the test side starts a new pool), since a
 failed collective can leave Horovod in a state no reset undoes. ``stop`` in
@@ -126,13 +126,14 @@ def reset_frameworks() -> None:
 
 
 def run(job: dict, out_path: str) -> int:
-    """Run one scenario with this process's stdout and stderr (the file descriptors) sent to ``out_path``."""
+    """Run one scenario with this process's stdout and stderr (the file descriptors) sent to ``out_path`` and
+    ``out_path + ".err"``, kept apart as horovodrun keeps them (its tags say which)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with open(out_path, "wb") as out:
+    with open(out_path, "wb") as out, open(out_path + ".err", "wb") as err:
         os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
+        os.dup2(err.fileno(), 2)
     sys.argv[:] = [job["worker"], *job["argv"]]
     rc = 0
     try:
@@ -170,7 +171,7 @@ def main() -> None:
         try:
             snapshot.restore()
         except BaseException:  # noqa: BLE001 -- a process that cannot be put back serves no more scenarios
-            with open(os.path.join(directory, f"out-{n}.{rank}"), "a") as out:
+            with open(os.path.join(directory, f"out-{n}.{rank}.err"), "a") as out:
                 out.write("pool_rank: could not reset the process after this scenario:\n" + traceback.format_exc())
             rc = rc or 1
         done = os.path.join(directory, f"done-{n}.{rank}.json")
