@@ -48,7 +48,8 @@ class Pool:
         self.np = np
         self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{np}-"))
         self.log = open(self.dir / "launcher.log", "w")  # noqa: SIM115 -- open as long as the pool
-        self.proc = subprocess.Popen([*cmd, sys.executable, str(RANK_SCRIPT), "--dir", str(self.dir)],
+        self.proc = subprocess.Popen([*cmd, sys.executable, str(RANK_SCRIPT), "--dir", str(self.dir),
+                                      "--owner", str(os.getpid())],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                      start_new_session=True)
         self.next = 0

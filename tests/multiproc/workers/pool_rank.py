@@ -16,11 +16,12 @@ as they found it, so the next scenario starts as a fresh one would:
   session, float type and precision policy, are reset.
 
 Protocol: ``job-<n>.json`` (``{"worker": path, "argv": [...]}``) appears in
-``--dir``; each rank writes its output to ``out-<n>.<rank>`` (stderr: ``.err``) and then
-``done-<n>.<rank>.json`` (``{"rc": exit code}``). A rank whose scenario ends
-non-zero exits after reporting it (the test side starts a new pool), since a
-failed collective can leave Horovod in a state no reset undoes. ``stop`` in
-``--dir`` ends every rank; so does the launcher going away.
+``--dir``; each rank writes its output to ``out-<n>.<rank>`` (stderr:
+``.err``) and then ``done-<n>.<rank>.json`` (``{"rc": exit code}``). A rank
+whose scenario ends non-zero exits after reporting it (the test side starts
+a new pool), since a failed collective can leave Horovod in a state no reset
+undoes. ``stop`` in ``--dir`` ends every rank; so does the launcher going
+away, or the pytest process that owns the pool (``--owner``).
 """
 
 import argparse
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import signal
 import sys
 import time
@@ -38,10 +40,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
 
-def wait_for(path: str, stop: str, parent: int) -> bool:
-    """True once ``path`` exists; False when the pool is told to stop or its launcher is gone."""
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(path: str, stop: str, parent: int, owner: int) -> bool:
+    """True once ``path`` exists; False when the pool is told to stop, or its launcher or its pytest is gone
+    (a pytest killed by a timeout runs no atexit handler, and horovodrun outlives its parent)."""
     while not os.path.exists(path):
-        if os.path.exists(stop) or os.getppid() != parent:
+        if os.path.exists(stop) or os.getppid() != parent or not alive(owner):
             return False
         time.sleep(0.02)
     return True
@@ -158,11 +169,13 @@ def run(job: dict, out_path: str) -> int:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
-    directory = p.parse_args().dir
+    p.add_argument("--owner", type=int, required=True, help="the pytest process; the pool ends with it")
+    args = p.parse_args()
+    directory, owner = args.dir, args.owner
     rank = os.environ["HOROVOD_RANK"]
     stop, parent = os.path.join(directory, "stop"), os.getppid()
     n = 0
-    while wait_for(os.path.join(directory, f"job-{n}.json"), stop, parent):
+    while wait_for(os.path.join(directory, f"job-{n}.json"), stop, parent, owner):
         with open(os.path.join(directory, f"job-{n}.json")) as f:
             job = json.load(f)
         snapshot = Snapshot()
@@ -181,6 +194,8 @@ def main() -> None:
         if rc != 0:
             return
         n += 1
+    if not alive(owner) and rank == "0":
+        shutil.rmtree(directory, ignore_errors=True)      # nobody else will
 
 
 if __name__ == "__main__":
