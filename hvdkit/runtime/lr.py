@@ -158,6 +158,9 @@ def resume_lr_factor(saved_scale: float | None, saved_size: int | None, now_scal
 
 
 def resumed_rate_line(saved_size: int | None, size: int, before: float, after: float) -> str:
-    """The one line a resume on another world size prints (rank 0): the checkpoint's rate and this job's."""
-    return (f"hvdkit: resumed a checkpoint of {saved_size} ranks on {size}: learning rate {before:g} -> {after:g}, "
+    """The one line a resume on another world size prints (rank 0): the checkpoint's rate and this job's.
+
+    Not an ``hvdkit:`` line: those are warnings, and a correct script prints none (test_examples_quiet.py).
+    """
+    return (f"hvdkit resume: a checkpoint of {saved_size} ranks on {size}: learning rate {before:g} -> {after:g}, "
             "as scale_lr gives for this size (load_checkpoint(..., on_resize='error') refuses another size)")

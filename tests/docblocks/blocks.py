@@ -154,8 +154,8 @@ def test_source(module: str, name: str) -> str:
 
 def named_sources(reason: str) -> tuple[list[str], str]:
     """The problems with a marker's names, and the text of what it names: each test function with the module's
-    helpers and fixtures it uses, the conftest.py files above it and the examples it names; a Makefile target's
-    recipe; .ci/run."""
+    helpers and fixtures it uses, the conftest.py files above it and the examples and test workers it names; a
+    Makefile target's recipe; .ci/run."""
     import ast
 
     from tests.conftest import ROOT
@@ -175,8 +175,10 @@ def named_sources(reason: str) -> tuple[list[str], str]:
         text = test_source(module, name)
         texts.append(text)
         texts += [c.read_text() for c in file.parents[0:3] for c in [c / "conftest.py"] if c.exists()]
-        texts += [(ROOT / "examples" / e).read_text() for e in set(re.findall(r"([\w/]+\.py)", text))
-                  if (ROOT / "examples" / e).is_file()]
+        for script in set(re.findall(r"([\w/]+\.py)", text)):      # the examples and test workers it runs
+            texts += [d / script for d in (ROOT / "examples", ROOT / "tests" / "multiproc" / "workers")
+                      if (d / script).is_file()]
+        texts = [t.read_text() if isinstance(t, Path) else t for t in texts]
     for where in RUN_BY_CI.findall(reason):
         if where == ".ci/run":
             texts.append((ROOT / ".ci" / "run").read_text())

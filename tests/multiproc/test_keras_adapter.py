@@ -90,11 +90,13 @@ def test_warmup_schedule_and_metric_averaging(launch, mode):
         ours.insert(0, "XlaOutsideCollectives")
     assert r0["callbacks"] == [*ours, "RecordLR", "CSVLogger", "TrainEndBarrier"]
     assert r1["callbacks"] == [*ours, "RecordLR", "TrainEndBarrier"]
-    # fit's reported metrics are the mean of the ranks' own values, on every rank.
+    # fit's reported loss is one process's over both ranks' rows, on every rank: with the same rows on each rank,
+    # the mean of the ranks' own values up to float32 rounding (the sum of the states, not of the results:
+    # 3e-8 apart measured; test_keras_metrics.py checks unequal shards and counts against one process).
     assert r0["local"][0]["loss"] != r1["local"][0]["loss"]
     for epoch in range(2):
         mean = (r0["local"][epoch]["loss"] + r1["local"][epoch]["loss"]) / 2
-        assert r0["history"]["loss"][epoch] == pytest.approx(mean, rel=1e-9)
+        assert r0["history"]["loss"][epoch] == pytest.approx(mean, rel=1e-6)
         assert r1["history"]["loss"][epoch] == r0["history"]["loss"][epoch]
 
 

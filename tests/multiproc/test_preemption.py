@@ -207,7 +207,7 @@ def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_p
         if scheduler == "warmup":
             assert r["lr"] == [pytest.approx(0.1 * size)]
     # Issue 54, case 5: the rate changed without a word before.
-    said = re.findall(rf"hvdkit: resumed a checkpoint of 2 ranks on {size}: learning rate (\S+) -> (\S+),", proc.stdout)
+    said = re.findall(rf"hvdkit resume: a checkpoint of 2 ranks on {size}: learning rate (\S+) -> (\S+),", proc.stdout)
     assert len(said) == 1 and float(said[0][1]) == pytest.approx(float(said[0][0]) * size / 2, rel=1e-4), \
         proc.stdout[-3000:]
 
@@ -240,7 +240,7 @@ def test_a_keras_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size
         twice = [i for i, w in enumerate(kernel) if w < -0.015]
         assert not missing and not twice, f"{len(missing)} samples never seen, {len(twice)} seen twice"
         assert kernel == pytest.approx([-0.01] * 600, abs=1e-6)
-    said = re.findall(rf"hvdkit: resumed a checkpoint of 2 ranks on {size}: learning rate (\S+) -> (\S+),", proc.stdout)
+    said = re.findall(rf"hvdkit resume: a checkpoint of 2 ranks on {size}: learning rate (\S+) -> (\S+),", proc.stdout)
     assert said == [("0.2", f"{0.1 * size:g}")], proc.stdout[-3000:]
 
 
