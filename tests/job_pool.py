@@ -114,11 +114,13 @@ class Pools:
     def __init__(self):
         self.pools: OrderedDict[tuple, Pool] = OrderedDict()
         self.started = 0
+        self.scenarios = 0
         atexit.register(self.close_all)
 
     def run(self, key: tuple, np: int, cmd: list[str], env: dict[str, str], worker: str, argv: list[str],
             timeout: float) -> tuple[int, str]:
-        key = (*key, hash(frozenset(env.items())))      # a test that sets a variable gets a pool of its own
+        # A test that sets a variable gets a pool of its own; pytest's own PYTEST_CURRENT_TEST differs per test.
+        key = (*key, hash(frozenset((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
         pool = self.pools.pop(key, None)
         if pool is None or not pool.alive():
             while len(self.pools) >= MAX_POOLS:
@@ -126,6 +128,7 @@ class Pools:
             pool = Pool(np, cmd, env)
             self.started += 1
         self.pools[key] = pool
+        self.scenarios += 1
         try:
             rc, output = pool.run(worker, argv, timeout)
         except (ScenarioTimeout, PoolGone):
