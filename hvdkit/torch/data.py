@@ -240,6 +240,11 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entr
     Each rank sums loss and correct predictions over its shard; the sums and
     counts are added over ranks, so the result equals a single-process pass.
     It also reports a straggler rank for the steps since the last call (:func:`report_stragglers`).
+
+    ``loss_fn(outputs, targets, reduction="sum")`` is called on the model's
+    raw outputs, as torch's functional losses take it: ``F.cross_entropy``
+    for logits, ``F.nll_loss`` for a model ending in ``log_softmax``.
+    Accuracy compares ``outputs.argmax(1)`` with the targets.
     """
     device = current().device
     was_training = model.training
