@@ -70,24 +70,36 @@ def _process_info(process: psutil.Process) -> tuple[list[str], dict[str, str]]:
         return [], {}
 
 
+EXAMPLE = str(ROOT / "examples" / "pytorch_elastic.py")
+
+
+def _two_worker_example(tmp_path, hosts_text: str) -> ElasticJob:
+    """examples/pytorch_elastic.py under hvdkit launch, 1-2 workers on the hosts the discovery file lists."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(hosts_text)
+    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, EXAMPLE, "--epochs", "4", "--json")
+    return ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+
+
+def _example_workers(job: ElasticJob) -> list:
+    """This job's example processes (its launcher's descendants running the script), not another job's."""
+    return [p for p in psutil.Process(job.proc.pid).children(recursive=True)
+            if _process_info(p)[0][:2] == [sys.executable, EXAMPLE]]
+
+
 def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
     """The recipe hvdkit launch prints for a one-host elastic job: each slot under its own name for this machine.
     Horovod then blacklists only the failed worker's name and the job finishes on the rest (with 'localhost slots=2'
     one killed worker stops the whole job: 'blacklisted slots count == 2 -> stop running')."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
-                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                      sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json")
-    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    job = _two_worker_example(tmp_path, "localhost:1\n127.0.0.1:1\n")
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 8, 180, "8 steps on 2 processes")
         # This job's worker on "127.0.0.1", not rank 0 on "localhost": rank 0 logs the commits, and a
         # commit it made just before dying may never reach the log. (A pgrep over the machine by the
         # script's name, used before, also found other jobs' workers.)
-        script = str(ROOT / "examples" / "pytorch_elastic.py")
-        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
-                   if _process_info(p)[0][:2] == [sys.executable, script]]
+        workers = _example_workers(job)
         victims = [p for p in workers if _process_info(p)[1].get("HOROVOD_HOSTNAME") == "127.0.0.1"]
         assert len(workers) == 2 and len(victims) == 1, [_process_info(p) for p in workers]
         started_as = _process_info(victims[0])[1]["HOROVOD_RANK"]     # Horovod's order of the two names varies
@@ -109,17 +121,10 @@ def test_one_machine_listed_once_per_slot_survives_a_killed_worker(tmp_path):
 def test_one_host_line_stops_at_a_killed_worker_and_every_line_says_so(tmp_path):
     """Issue 54, case 10: with 'localhost slots=2' one SIGKILL stops the job (Horovod blacklists the host). Both
     "worker lost" lines said "the job goes on while --min-np workers remain", and the last line gave no fix."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost slots=2\n")
-    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
-                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
-                      sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "4", "--json")
-    job = ElasticJob(argv, job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+    job = _two_worker_example(tmp_path, "localhost slots=2\n")
     try:
         job.wait_for(lambda c: c and c[-1].size == 2 and c[-1].step >= 4, 180, "4 steps on 2 processes")
-        script = str(ROOT / "examples" / "pytorch_elastic.py")
-        workers = [p for p in psutil.Process(job.proc.pid).children(recursive=True)
-                   if _process_info(p)[0][:2] == [sys.executable, script]]
+        workers = _example_workers(job)
         assert len(workers) == 2, [_process_info(p) for p in workers]
         max(workers, key=lambda p: int(_process_info(p)[1]["HOROVOD_RANK"])).kill()
         killed = time.time()

@@ -9,6 +9,7 @@ The worker then selects --mode's Keras as a training script does, before
 """
 
 import argparse
+import logging
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -16,3 +17,15 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--mode", choices=["tensorflow", "torch", "tf_keras"], required=True)
     return parser.parse_args()
+
+
+def record_hvdkit_lines() -> list[str]:
+    """Every message hvdkit.keras logs from now on, in a list the worker writes into its result."""
+    messages = []
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logging.getLogger("hvdkit.keras").addHandler(Record())
+    return messages

@@ -7,10 +7,9 @@ hvdkit lines it logged, and its final weights' digest (the ranks must agree).
 
 import argparse
 import hashlib
-import logging
 
 import numpy as np
-from keras_common import parse_args
+from keras_common import parse_args, record_hvdkit_lines
 from rank_results import write_result
 
 import hvdkit.keras as hk
@@ -22,15 +21,7 @@ keras = hk.use_backend(args.mode)
 ctx = hk.init(seed=0, threads=1)
 import tensorflow as tf  # noqa: E402 -- after the backend is chosen
 
-warnings = []
-
-
-class Record(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-
-
-logging.getLogger("hvdkit.keras").addHandler(Record())
+warnings = record_hvdkit_lines()
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((200, 8)).astype("float32")

@@ -8,10 +8,9 @@
 """
 
 import argparse
-import logging
 
 import numpy as np
-from keras_common import parse_args
+from keras_common import parse_args, record_hvdkit_lines
 from rank_results import write_result
 
 import hvdkit.keras as hk
@@ -27,15 +26,7 @@ ctx = hk.init(seed=7, threads=1)
 if args.case in ("no_callbacks", "custom_loop"):
     hk.seed_everything(7, per_rank=True)   # seed + rank: the ranks build different weights
 
-warnings = []
-
-
-class Record(logging.Handler):
-    def emit(self, record):
-        warnings.append(record.getMessage())
-
-
-logging.getLogger("hvdkit.keras").addHandler(Record())
+warnings = record_hvdkit_lines()
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 8)).astype("float32")

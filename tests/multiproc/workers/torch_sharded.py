@@ -98,6 +98,17 @@ def state_bytes(opt):
 
 
 result = {"rank": ctx.rank, "size": ctx.size}
+
+
+def recording_error(call, *call_args, **kwargs):
+    """``call(...)``; if it raises, this rank's result records the error (as "Type: message") before it goes on."""
+    try:
+        return call(*call_args, **kwargs)
+    except Exception as exc:
+        write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
 if args.phase == "compare":
     plain_model = Net()
     sharded_model = copy.deepcopy(plain_model)
@@ -133,27 +144,15 @@ elif args.phase == "save-on-main":           # a user's mistake: the save under 
     opt = make(model, True)
     train(model, opt, 2)
     if ctx.is_main:
-        try:
-            hk.save_checkpoint(args.ckpt, model, opt)
-        except Exception as exc:
-            write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
-            raise
-    try:
-        train(model, opt, 2, first=2)
-    except Exception as exc:
-        write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
-        raise
+        recording_error(hk.save_checkpoint, args.ckpt, model, opt)
+    recording_error(train, model, opt, 2, first=2)
 elif args.phase == "last-save-on-main":      # the DDP habit: the final save under `if ctx.is_main:`, then exit
     model = Net()
     opt = make(model, True)
     train(model, opt, 2)
     result["error"] = None
     if ctx.is_main:
-        try:
-            hk.save_checkpoint(args.ckpt, model, opt)
-        except Exception as exc:
-            write_result(args.out, ctx.rank, {**result, "error": f"{type(exc).__name__}: {exc}"})
-            raise
+        recording_error(hk.save_checkpoint, args.ckpt, model, opt)
 elif args.phase == "refusals":
     model = Net()
     cases = {
