@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
@@ -52,7 +53,8 @@ def read(path: str) -> list[TestTime]:
     for case in root.iter("testcase"):
         classname = case.get("classname", "")
         module = classname.replace(".", "/") + ".py" if classname.startswith("tests.") else classname
-        out.append(TestTime(tier_of(classname), f"{module}::{case.get('name', '')}",
+        name = re.sub(r"@(local|multihost)$", "", case.get("name", ""))     # make test's lane (xdist_group)
+        out.append(TestTime(tier_of(classname), f"{module}::{name}",
                             float(case.get("time", 0) or 0), _outcome(case)))
     return out
 

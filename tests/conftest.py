@@ -34,13 +34,46 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 WORKERS = ROOT / "tests" / "multiproc" / "workers"
 
 
+@pytest.hookimpl(tryfirst=True)      # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make test``'s two lanes (pytest-xdist, ``-n 2 --dist loadgroup``): the multi-host tier in one worker,
+    every other test in the other, each lane in its file order. Only the multi-host tier runs beside the rest:
+    its ranks live in their own network namespaces, and two lanes of local jobs could see each other's
+    processes (tests find ranks by command line). Without ``-n`` the marks do nothing."""
+    for item in items:
+        lane = "multihost" if item.get_closest_marker("multihost") else "local"
+        item.add_marker(pytest.mark.xdist_group(lane))
+
+
+_POOL_COUNTS = {"scenarios": 0, "started": 0}
+
+
+def _pool_counts() -> dict[str, int]:
+    pools = sys.modules.get("tests.job_pool")
+    if pools is None:
+        return {"scenarios": 0, "started": 0}
+    return {"scenarios": pools.POOLS.scenarios, "started": pools.POOLS.started}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:                  # an xdist worker: its counts go to the controller
+        workeroutput["job_pools"] = _pool_counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    for key, value in getattr(node, "workeroutput", {}).get("job_pools", {}).items():
+        _POOL_COUNTS[key] += value
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """How many scenarios the job pools ran and how many pools they took: far fewer pools than scenarios, or
     the pools are not reused (a per-test variable in a pool's key once started one per test: 2173 s, not ~1700)."""
-    pools = sys.modules.get("tests.job_pool")
-    if pools is not None and pools.POOLS.scenarios:
-        terminalreporter.write_line(f"job pools: {pools.POOLS.scenarios} scenarios in {pools.POOLS.started} pools "
-                                    "(tests/job_pool.py)")
+    here = _pool_counts()
+    scenarios, started = here["scenarios"] + _POOL_COUNTS["scenarios"], here["started"] + _POOL_COUNTS["started"]
+    if scenarios:
+        terminalreporter.write_line(f"job pools: {scenarios} scenarios in {started} pools (tests/job_pool.py)")
 
 
 def _tool(name: str) -> str:

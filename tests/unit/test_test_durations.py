@@ -12,12 +12,12 @@ pytestmark = pytest.mark.unit
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
-<testcase classname="tests.multiproc.test_elastic" name="test_shrink[gloo]" time="41.5" />
+<testcase classname="tests.multiproc.test_elastic" name="test_shrink[gloo]@local" time="41.5" />
 <testcase classname="tests.multiproc.test_elastic" name="test_grow" time="20.0"><failure message="x">x</failure>
 </testcase>
 <testcase classname="tests.unit.test_lr" name="test_rule" time="0.01" />
 <testcase classname="docs.API.md" name="line:12,column:1" time="3.5" />
-<testcase classname="tests.multihost.test_slurm" name="test_sbatch" time="7.25" />
+<testcase classname="tests.multihost.test_slurm" name="test_sbatch@multihost" time="7.25" />
 </testsuite></testsuites>
 """
 
@@ -36,7 +36,7 @@ def test_tiers_and_the_slowest_tests(tmp_path):
     rows = [line.split()[:3] for line in lines[1:6]]
     assert rows == [["unit", "1", "0.0"], ["multiproc", "2", "61.5"], ["multihost", "1", "7.2"],
                     ["docs", "1", "3.5"], ["all", "5", "72.3"]]
-    slowest = lines[-2:]
+    slowest = lines[-2:]          # without the lane make test's xdist adds to each name
     assert slowest[0].endswith("tests/multiproc/test_elastic.py::test_shrink[gloo]")
     assert slowest[1].endswith("tests/multiproc/test_elastic.py::test_grow  (failed)")
 
