@@ -13,9 +13,10 @@ Example::
     clock = StepClock()
     clock.add_wait(0.012); clock.step_done()          # per step (torch does this in the optimizer)
     steps, busy_s = clock.take()                      # per epoch, on every rank
-    report_epoch(backend, steps, busy_s, rank=ctx.rank)
-    # rank 0, when rank 1 is slow: "hvdkit: rank 1 is a straggler this epoch: 41.0 ms per step
-    #                               against a median of 12.3 ms for the other ranks"
+    watch = StragglerWatch()                          # one per training loop
+    report_epoch(backend, steps, busy_s, rank=ctx.rank, size=ctx.size, watch=watch)
+    # rank 0, when rank 1 was slow this epoch and the last: "hvdkit: rank 1 is a straggler, 2 epochs
+    #     running: 41.0 ms per step this epoch against a median of 12.3 ms for the other ranks"
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # A rank twice the others' median leaves every other rank idle half of each step: worth a line each
 # epoch. 1.5x was tried first and flagged a balanced 2-rank torch job on this project's 2-core test
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 # worth a line whatever the ratio: tiny CPU steps swing by that much when another process takes a core.
 THRESHOLD = 2.0
 FLOOR_MS = 5.0
+# A rank is named once it stood out this many epochs in a row: a slow node, a throttled GPU or an uneven
+# shard stays slow, while another process taking a core slows one rank for an epoch and then another.
+EPOCHS_RUNNING = 2
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,30 @@ class Straggler:
     rank: int
     step_ms: float
     median_ms: float               # the other ranks' median
+    epochs: int = 1                # epochs in a row this rank stood out
 
     def line(self) -> str:
-        return (f"hvdkit: rank {self.rank} is a straggler this epoch: {self.step_ms:.1f} ms per step against a "
-                f"median of {self.median_ms:.1f} ms for the other ranks")
+        running = "this epoch" if self.epochs == 1 else f"{self.epochs} epochs running"
+        return (f"hvdkit: rank {self.rank} is a straggler, {running}: {self.step_ms:.1f} ms per step this epoch "
+                f"against a median of {self.median_ms:.1f} ms for the other ranks")
+
+
+class StragglerWatch:
+    """Remembers which rank stood out in the epochs before, so that only a lasting straggler is named."""
+
+    def __init__(self, epochs: int = EPOCHS_RUNNING):
+        self.epochs = epochs
+        self.rank: int | None = None
+        self.running = 0
+
+    def confirm(self, found: Straggler | None) -> Straggler | None:
+        """``found`` (this epoch's slowest rank, if it stood out) once it stood out ``epochs`` epochs in a row."""
+        if found is None:
+            self.rank, self.running = None, 0
+            return None
+        self.running = self.running + 1 if found.rank == self.rank else 1
+        self.rank = found.rank
+        return replace(found, epochs=self.running) if self.running >= self.epochs else None
 
 
 def find_straggler(step_ms: Sequence[float | None], threshold: float = THRESHOLD,
@@ -63,15 +87,18 @@ def find_straggler(step_ms: Sequence[float | None], threshold: float = THRESHOLD
 
 
 def report_epoch(backend, steps: int, busy_s: float, rank: int, size: int, name: str = "hvdkit.stragglers",
-                 out=None) -> Straggler | None:
+                 out=None, watch: StragglerWatch | None = None) -> Straggler | None:
     """One allgather of (steps, busy seconds) over ranks; rank 0 prints the straggler's line, if any.
 
+    With a ``watch``, a rank is named only once it stood out ``watch.epochs`` epochs in a row.
     Every rank must call it (it is a collective); a rank with no steps takes part and counts as untimed.
     """
     if size < 2:
         return None
     gathered = backend.allgather_object((steps, busy_s), name=name)
     straggler = find_straggler([busy / n * 1e3 if n else None for n, busy in gathered])
+    if watch is not None:
+        straggler = watch.confirm(straggler)
     if straggler is not None and rank == 0:
         print(straggler.line(), file=out or sys.stderr, flush=True)
     return straggler

@@ -1,4 +1,5 @@
-"""The per-epoch straggler line on rank 0: it names a rank slowed on purpose, and stays quiet when ranks are even."""
+"""The straggler line on rank 0: it names a rank slowed on purpose from the second epoch it stands out (one slow
+epoch is often another process taking a core), and stays quiet when ranks are even."""
 
 import re
 
@@ -7,40 +8,41 @@ import pytest
 from tests.conftest import WORKERS, horovodrun_cmd, read_rank_results, run_job
 
 pytestmark = pytest.mark.multiproc
-LINE = re.compile(r"\[(\d)\]<stderr>:hvdkit: rank (\d) is a straggler this epoch: ([\d.]+) ms per step against a "
-                  r"median of ([\d.]+) ms")
+LINE = re.compile(r"\[(\d)\]<stderr>:hvdkit: rank (\d) is a straggler, (\d) epochs running: ([\d.]+) ms per step this "
+                  r"epoch against a median of ([\d.]+) ms")
 
 
-def straggler_lines(tmp_path, worker: str, *args: str) -> list[tuple[int, int, float, float]]:
+def straggler_lines(tmp_path, worker: str, *args: str) -> list[tuple[int, int, int, float, float]]:
     cmd = horovodrun_cmd(2, [str(WORKERS / worker), "--out", str(tmp_path), *args])
     job = run_job(cmd, timeout=240)
     assert job.returncode == 0, job.stdout[-3000:]
     assert [r["size"] for r in read_rank_results(tmp_path, 2, job.stdout)] == [2, 2]
     print("\n".join(line for line in job.stdout.splitlines() if "straggler" in line))
-    return [(int(a), int(b), float(c), float(d)) for a, b, c, d in LINE.findall(job.stdout)]
+    return [(int(a), int(b), int(e), float(c), float(d)) for a, b, e, c, d in LINE.findall(job.stdout)]
 
 
-def test_torch_names_the_slowed_rank_each_epoch(tmp_path):
-    lines = straggler_lines(tmp_path, "torch_straggler.py", "--slow-rank", "1", "--sleep-ms", "40", "--epochs", "2")
-    assert len(lines) == 2, lines                       # hk.evaluate once an epoch, printed by rank 0 only
-    for printed_by, rank, step_ms, median_ms in lines:
+def test_torch_names_the_slowed_rank_from_its_second_slow_epoch(tmp_path):
+    lines = straggler_lines(tmp_path, "torch_straggler.py", "--slow-rank", "1", "--sleep-ms", "40", "--epochs", "3")
+    assert [line[2] for line in lines] == [2, 3], lines   # hk.evaluate once an epoch, from the second epoch, rank 0
+    for printed_by, rank, epochs, step_ms, median_ms in lines:
         assert (printed_by, rank) == (0, 1)
         assert step_ms > 40 > median_ms, (step_ms, median_ms)   # the sleep is rank 1's own time, not rank 0's
 
 
 def test_torch_balanced_job_prints_no_straggler_line(tmp_path):
-    assert straggler_lines(tmp_path, "torch_straggler.py", "--epochs", "2") == []
+    assert straggler_lines(tmp_path, "torch_straggler.py", "--epochs", "3") == []
 
 
 @pytest.mark.parametrize("mode", ["tensorflow"])
-def test_keras_names_the_slowed_rank_each_epoch(tmp_path, mode):
-    lines = straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--slow-rank", "1", "--sleep-ms", "40")
-    assert len(lines) == 2, lines                       # the StragglerReport callback, at each epoch's end
-    for printed_by, rank, step_ms, median_ms in lines:
+def test_keras_names_the_slowed_rank_from_its_second_slow_epoch(tmp_path, mode):
+    lines = straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--slow-rank", "1", "--sleep-ms", "40",
+                            "--epochs", "3")
+    assert [line[2] for line in lines] == [2, 3], lines   # the StragglerReport callback, at each epoch's end
+    for printed_by, rank, epochs, step_ms, median_ms in lines:
         assert (printed_by, rank) == (0, 1)
         assert step_ms > 40 > median_ms, (step_ms, median_ms)
 
 
 @pytest.mark.parametrize("mode", ["tensorflow"])
 def test_keras_balanced_job_prints_no_straggler_line(tmp_path, mode):
-    assert straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode) == []
+    assert straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--epochs", "3") == []
