@@ -24,7 +24,7 @@ def straggler_lines(tmp_path, worker: str, *args: str) -> list[tuple[int, int, i
 def test_torch_names_the_slowed_rank_from_its_second_slow_epoch(tmp_path):
     lines = straggler_lines(tmp_path, "torch_straggler.py", "--slow-rank", "1", "--sleep-ms", "40", "--epochs", "3")
     assert [line[2] for line in lines] == [2, 3], lines   # hk.evaluate once an epoch, from the second epoch, rank 0
-    for printed_by, rank, epochs, step_ms, median_ms in lines:
+    for printed_by, rank, _epochs, step_ms, median_ms in lines:
         assert (printed_by, rank) == (0, 1)
         assert step_ms > 40 > median_ms, (step_ms, median_ms)   # the sleep is rank 1's own time, not rank 0's
 
@@ -38,7 +38,7 @@ def test_keras_names_the_slowed_rank_from_its_second_slow_epoch(tmp_path, mode):
     lines = straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--slow-rank", "1", "--sleep-ms", "40",
                             "--epochs", "3")
     assert [line[2] for line in lines] == [2, 3], lines   # the StragglerReport callback, at each epoch's end
-    for printed_by, rank, epochs, step_ms, median_ms in lines:
+    for printed_by, rank, _epochs, step_ms, median_ms in lines:
         assert (printed_by, rank) == (0, 1)
         assert step_ms > 40 > median_ms, (step_ms, median_ms)
 
