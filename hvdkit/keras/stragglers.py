@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from hvdkit.keras.context import current
-from hvdkit.runtime.stragglers import StragglerWatch, report_epoch
+from hvdkit.runtime.stragglers import report_epoch, watch_for
 
 
 class AllreduceTimer:
@@ -63,7 +63,6 @@ def straggler_report(keras, backend) -> type:
             self.started = self.ended = None
             self.waited_at_start = 0.0
             self.steps = 0
-            self.watch = StragglerWatch()
 
         def on_train_begin(self, logs=None):
             self.timer = getattr(type(self.model.optimizer), "_hvdkit_allreduce_timer", None)
@@ -90,6 +89,6 @@ def straggler_report(keras, backend) -> type:
                 waited = self.timer.seconds() - self.waited_at_start
                 busy = max(0.0, self.ended - self.started - waited)
             report_epoch(backend, self.steps, busy, rank=ctx.rank, size=ctx.size,
-                         name=f"hvdkit.stragglers.{epoch}", watch=self.watch)
+                         name=f"hvdkit.stragglers.{epoch}", watch=watch_for(ctx))
 
     return StragglerReport

@@ -13,8 +13,7 @@ Example::
     clock = StepClock()
     clock.add_wait(0.012); clock.step_done()          # per step (torch does this in the optimizer)
     steps, busy_s = clock.take()                      # per epoch, on every rank
-    watch = StragglerWatch()                          # one per training loop
-    report_epoch(backend, steps, busy_s, rank=ctx.rank, size=ctx.size, watch=watch)
+    report_epoch(backend, steps, busy_s, rank=ctx.rank, size=ctx.size, watch=watch_for(ctx))
     # rank 0, when rank 1 was slow this epoch and the last: "hvdkit: rank 1 is a straggler, 2 epochs
     #     running: 41.0 ms per step this epoch against a median of 12.3 ms for the other ranks"
 """
@@ -47,8 +46,8 @@ class Straggler:
     epochs: int = 1                # epochs in a row this rank stood out
 
     def line(self) -> str:
-        running = "this epoch" if self.epochs == 1 else f"{self.epochs} epochs running"
-        return (f"hvdkit: rank {self.rank} is a straggler, {running}: {self.step_ms:.1f} ms per step this epoch "
+        running = "is a straggler this epoch" if self.epochs == 1 else f"is a straggler, {self.epochs} epochs running"
+        return (f"hvdkit: rank {self.rank} {running}: {self.step_ms:.1f} ms per step this epoch "
                 f"against a median of {self.median_ms:.1f} ms for the other ranks")
 
 
@@ -86,6 +85,17 @@ def find_straggler(step_ms: Sequence[float | None], threshold: float = THRESHOLD
     return None
 
 
+_watch: tuple[object, StragglerWatch] | None = None      # (the job's context, its watch)
+
+
+def watch_for(ctx) -> StragglerWatch:
+    """The job's watch: one per ``init`` (a new context), shared by every ``fit`` and evaluation in it."""
+    global _watch
+    if _watch is None or _watch[0] is not ctx:
+        _watch = (ctx, StragglerWatch())
+    return _watch[1]
+
+
 def report_epoch(backend, steps: int, busy_s: float, rank: int, size: int, name: str = "hvdkit.stragglers",
                  out=None, watch: StragglerWatch | None = None) -> Straggler | None:
     """One allgather of (steps, busy seconds) over ranks; rank 0 prints the straggler's line, if any.
@@ -96,7 +106,10 @@ def report_epoch(backend, steps: int, busy_s: float, rank: int, size: int, name:
     if size < 2:
         return None
     gathered = backend.allgather_object((steps, busy_s), name=name)
-    straggler = find_straggler([busy / n * 1e3 if n else None for n, busy in gathered])
+    step_ms = [busy / n * 1e3 if n else None for n, busy in gathered]
+    if sum(ms is not None for ms in step_ms) < 2:
+        return None               # no steps since the last call (a second evaluation this epoch): nothing to compare
+    straggler = find_straggler(step_ms)
     if watch is not None:
         straggler = watch.confirm(straggler)
     if straggler is not None and rank == 0:

@@ -15,11 +15,10 @@ A loop that does not evaluate every epoch calls it itself::
 from __future__ import annotations
 
 from hvdkit.runtime import context
-from hvdkit.runtime.stragglers import StepClock, Straggler, StragglerWatch, report_epoch
+from hvdkit.runtime.stragglers import StepClock, Straggler, report_epoch, watch_for
 from hvdkit.torch.context import ADAPTER, current
 
 CLOCK = StepClock()
-_watch: tuple[object, StragglerWatch] | None = None      # (the job's context, its watch)
 
 
 def report_stragglers() -> Straggler | None:
@@ -29,9 +28,6 @@ def report_stragglers() -> Straggler | None:
     step was twice the others' median or more at this call and the one before; every rank gets
     the :class:`Straggler` (or None).
     """
-    global _watch
     ctx = current()
-    if _watch is None or _watch[0] is not ctx:          # a new hk.init: a new job, nothing remembered
-        _watch = (ctx, StragglerWatch())
     steps, busy_s = CLOCK.take()
-    return report_epoch(context.backend(ADAPTER), steps, busy_s, rank=ctx.rank, size=ctx.size, watch=_watch[1])
+    return report_epoch(context.backend(ADAPTER), steps, busy_s, rank=ctx.rank, size=ctx.size, watch=watch_for(ctx))

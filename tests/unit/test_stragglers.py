@@ -34,7 +34,7 @@ class FakeBackend:
 def test_report_epoch_prints_on_rank_0_only():
     backend, out = FakeBackend([(10, 0.123), (10, 0.41)]), io.StringIO()
     assert report_epoch(backend, 10, 0.123, rank=0, size=2, out=out).rank == 1
-    assert out.getvalue() == ("hvdkit: rank 1 is a straggler, this epoch: 41.0 ms per step this epoch against a "
+    assert out.getvalue() == ("hvdkit: rank 1 is a straggler this epoch: 41.0 ms per step this epoch against a "
                               "median of 12.3 ms for the other ranks\n")
     quiet = io.StringIO()
     assert report_epoch(backend, 10, 0.41, rank=1, size=2, out=quiet).rank == 1 and quiet.getvalue() == ""
@@ -71,3 +71,13 @@ def test_a_watch_names_only_a_rank_that_stands_out_epochs_in_a_row():
     assert report_epoch(backend, 10, 0.2, rank=0, size=2, watch=watch) is None
     backend.gathered = [(10, 0.214), (10, 0.578)]
     assert report_epoch(backend, 10, 0.2, rank=0, size=2, out=out, watch=watch) is None
+
+
+def test_a_call_with_no_steps_since_the_last_leaves_the_watch_as_it_was():
+    """hk.evaluate reports at each call: a second evaluation in an epoch (a test set after validation) has no
+    steps to compare, and must not reset the count, or a lasting straggler is never named."""
+    watch, slow = StragglerWatch(), FakeBackend([(10, 0.214), (10, 0.578)])
+    idle = FakeBackend([(0, 0.0), (0, 0.0)])
+    assert report_epoch(slow, 10, 0.2, rank=0, size=2, watch=watch) is None
+    assert report_epoch(idle, 0, 0.0, rank=0, size=2, watch=watch) is None
+    assert report_epoch(slow, 10, 0.2, rank=0, size=2, out=io.StringIO(), watch=watch).epochs == 2
