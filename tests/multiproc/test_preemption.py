@@ -84,8 +84,6 @@ def test_sigterm_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, co
     Issue 54, case 1: SIGTERM to `hvdkit launch` itself (kill, a batch script's trap, a launcher pod's
     eviction). Under MPI it went to mpirun, which SIGKILLed the ranks seconds after its own SIGTERM: exit 1
     within 0.1 s and no checkpoint of the epoch's work. Under Gloo it checkpointed and exited 75."""
-    from hvdkit.torch.checkpoint import _read
-
     ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
     out.mkdir()
     flags = ["--gloo"] if controller == "gloo" else []
@@ -104,16 +102,46 @@ def test_sigterm_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, co
                                      launcher if victim == "launcher" else lambda: int((out / "pid1").read_text()),
                                      end_timeout=120)
     assert code == REQUEUE_EXIT_CODE, f"hvdkit launch exited {code}:\n{output[-3000:]}"
-    assert ckpt.exists() and not list(tmp_path.glob(".ckpt.pt.*.tmp")), sorted(p.name for p in tmp_path.iterdir())
-    state = _read(str(ckpt))            # verifies the digest inside the file
-    assert state["model"]["ballast"].numel() * 4 == 2**30 and state["world_size"] == 2
-    marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
-    assert marks[0]["batch"] == marks[1]["batch"]
+    marks = whole_checkpoint_and_marks(tmp_path, ckpt, out, 2**30)
     if victim == "rank1":
         assert marks[1]["signal"] == signal.SIGTERM
     else:       # each rank got it: SIGTERM from the group under Gloo, SIGUSR1 through mpirun under MPI
         asked = signal.SIGTERM if controller == "gloo" else signal.SIGUSR1
         assert [m["signal"] for m in marks] == [asked, asked], marks
+
+
+def whole_checkpoint_and_marks(tmp_path: Path, ckpt: Path, out: Path, ballast_bytes: int) -> list[dict]:
+    """The checkpoint is whole (its digest checked, no temporary file left); the ranks stopped at one batch."""
+    from hvdkit.torch.checkpoint import _read
+
+    assert ckpt.exists() and not list(tmp_path.glob(".ckpt.pt.*.tmp")), sorted(p.name for p in tmp_path.iterdir())
+    state = _read(str(ckpt))            # verifies the digest inside the file
+    assert state["model"]["ballast"].numel() * 4 == ballast_bytes and state["world_size"] == 2
+    marks = [json.loads((out / f"preempted{r}.json").read_text()) for r in range(2)]
+    assert marks[0]["batch"] == marks[1]["batch"], marks
+    return marks
+
+
+def test_sigterm_to_a_plain_horovodrun_mpi_leaves_its_checkpoint_whole_and_exits_75(tmp_path):
+    """Issue 54, case 1, without hvdkit launch: Horovod's horovodrun --mpi passed SIGTERM on to mpirun, which
+    SIGKILLs the ranks a second after its own SIGTERM; patch item 21 makes the first SIGTERM SIGUSR1 through
+    mpirun, the preemption guard's request to checkpoint. 512 MiB, rank 0 6 s longer in its save."""
+    ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
+    out.mkdir()
+    cmd = horovodrun_cmd(2, [WORKER, "--out", str(out), "--ckpt", str(ckpt), "--step-seconds", "0.2",
+                             "--ballast-mb", "512", "--save-delay-s", "6"], "mpi")
+
+    def horovodrun() -> int:          # horovodrun itself, found by its own arguments
+        (proc,) = [p for p in psutil.process_iter(["cmdline"])
+                   if p.info["cmdline"] and len(p.info["cmdline"]) > 1 and p.info["cmdline"][1].endswith("horovodrun")
+                   and str(out) in " ".join(p.info["cmdline"])]
+        return proc.pid
+
+    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)), horovodrun, end_timeout=120)
+    assert code == REQUEUE_EXIT_CODE, f"horovodrun --mpi exited {code}:\n{output[-3000:]}"
+    assert "horovodrun: SIGTERM: every rank is asked to checkpoint and stop" in output, output[-3000:]
+    marks = whole_checkpoint_and_marks(tmp_path, ckpt, out, 2**29)
+    assert [m["signal"] for m in marks] == [signal.SIGUSR1] * 2, marks
 
 
 @pytest.mark.parametrize("mode, target, controller", [("tensorflow", "ckpt.npz", "gloo"), ("torch", "ckpt.npz", "mpi"),
