@@ -1,8 +1,11 @@
-"""Worker: a Keras custom training loop over tf.data, as docs/ADAPTERS.md's recipe writes it (issue 54, case 9).
+"""Worker: a Keras custom training loop as docs/ADAPTERS.md's recipes write it, on TensorFlow and on Keras's
+torch backend (issue 54, cases 8 and 9), over keras_metrics_setup's data and model.
 
---unsharded leaves out hk.shard_dataset, as the outside-script trial did: every rank trained on the same data
-and nothing said so. Each rank writes whether hk.check_sharded found its first batch on every rank, the
-hvdkit lines it logged, and its final weights' digest (the ranks must agree).
+The loop reads a tf.data pipeline on both backends. --unsharded leaves out hk.shard_dataset, as the
+outside-script trial did: every rank trained on the same data and nothing said so. After training, each rank
+validates its unpadded shard with fresh metrics and hk.sync_metrics, and rank 0 saves the weights (--weights)
+for the test's one-process reference. Each rank writes whether hk.check_sharded found its first batch on every
+rank, the hvdkit lines it logged, its validation metrics and its final weights' digest (the ranks must agree).
 """
 
 import argparse
@@ -10,39 +13,67 @@ import hashlib
 
 import numpy as np
 from keras_common import parse_args, record_hvdkit_lines
+from keras_metrics_setup import build, data, metrics
 from rank_results import write_result
 
 import hvdkit.keras as hk
 
 p = argparse.ArgumentParser()
 p.add_argument("--unsharded", action="store_true")
+p.add_argument("--weights", required=True)
 args = parse_args(p)
 keras = hk.use_backend(args.mode)
 ctx = hk.init(seed=0, threads=1)
 import tensorflow as tf  # noqa: E402 -- after the backend is chosen
 
 warnings = record_hvdkit_lines()
-
-rng = np.random.default_rng(0)
-x = rng.standard_normal((200, 8)).astype("float32")
-y = (x.sum(axis=1) > 0).astype("float32")[:, None]
+x, y, x_val, y_val = data()
 
 ds = tf.data.Dataset.from_tensor_slices((x, y))
 if not args.unsharded:
     ds = hk.shard_dataset(ds)                       # before shuffle and batch: each rank its own rows
-ds = ds.shuffle(200, seed=0).batch(16)
+ds = ds.shuffle(len(x), seed=0).batch(16)
 
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+model = build(keras)
 optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(hk.scale_lr(0.05)))
 hk.broadcast_state(model, optimizer)
-loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-unsharded = None
-for xb, yb in ds:
-    if unsharded is None:
-        unsharded = hk.check_sharded(xb, yb)        # once, on every rank
-    with tf.GradientTape() as tape:
+loss_fn = keras.losses.BinaryCrossentropy()
+
+if args.mode == "torch":
+    import torch
+
+    def train_step(xb, yb):
+        model.zero_grad()
         loss = loss_fn(yb, model(xb, training=True))
-    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        loss.backward()
+        gradients = [v.value.grad for v in model.trainable_variables]
+        with torch.no_grad():
+            optimizer.apply(gradients, model.trainable_variables)
+else:
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+unsharded = None
+for _epoch in range(2):
+    for xb, yb in (ds.as_numpy_iterator() if args.mode == "torch" else ds):     # torch takes numpy, not tf tensors
+        if unsharded is None:
+            unsharded = hk.check_sharded(xb, yb)    # once, on every rank
+        train_step(xb, yb)
+
+val = hk.shard_arrays(x_val, y_val, pad=False)      # every row once
+validation_metrics = metrics(keras)
+for start in range(0, len(val[0]), 16):
+    xb, yb = val[0][start:start + 16], val[1][start:start + 16]
+    predictions = model.predict_on_batch(xb)
+    for m in validation_metrics:
+        m.update_state(yb, predictions)
+hk.sync_metrics(*validation_metrics)                # the state summed over the ranks, then the results
+validation = {m.name: float(m.result()) for m in validation_metrics}
+if ctx.is_main:
+    model.save_weights(args.weights)
 
 digest = hashlib.sha256(b"".join(np.asarray(w, np.float64).tobytes() for w in model.get_weights())).hexdigest()
-write_result(args.out, ctx.rank, {"size": ctx.size, "unsharded": unsharded, "warnings": warnings, "final": digest})
+write_result(args.out, ctx.rank, {"size": ctx.size, "unsharded": unsharded, "warnings": warnings, "final": digest,
+                                  "validation": validation})
