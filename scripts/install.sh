@@ -156,7 +156,7 @@ UV=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" -c "$PINS_FIL
 case "$MODE" in
   gpu) EXTRAS=(gpu bench horovod); [ -n "${CUDA_HOME:-}" ] || EXTRAS+=(gpu-build); FRAMEWORKS="torch $TORCH_VERSION" ;;
   gpu-tf) EXTRAS=(gpu-tf horovod); FRAMEWORKS="tensorflow $TENSORFLOW_VERSION (CUDA $TF_CUDA_MAJOR)" ;;
-  *) EXTRAS=(torch keras bench horovod); FRAMEWORKS="torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION" ;;
+  *) EXTRAS=(torch keras bench metrics horovod); FRAMEWORKS="torch $TORCH_VERSION, tensorflow $TENSORFLOW_VERSION" ;;
 esac
 step "installing $FRAMEWORKS, keras $KERAS_VERSION and the rest of .[$(IFS=,; echo "${EXTRAS[*]}")] (uv)"
 "${UV[@]}" -r "$ROOT/pyproject.toml" "${EXTRAS[@]/#/--extra=}" \

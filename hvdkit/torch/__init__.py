@@ -31,6 +31,7 @@ from hvdkit.torch.data import (
     evaluate,
     shard_arrays,
 )
+from hvdkit.torch.metrics import torchmetrics_sync
 from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 from hvdkit.torch.stragglers import report_stragglers
 
@@ -44,5 +45,5 @@ __all__ = [
     "eval_loader", "evaluate",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "report_stragglers",
     "save_checkpoint",
-    "scale_lr", "seed_everything", "shard_arrays", "step", "warmup_scheduler",
+    "scale_lr", "seed_everything", "shard_arrays", "step", "torchmetrics_sync", "warmup_scheduler",
 ]
