@@ -58,8 +58,8 @@ demo: $(STAMP)
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 
-# Two lanes (pytest-xdist): the multi-host tier beside the other tiers, which run in one lane in file order.
-# The multi-host tier left 35% of the 2 cores idle, the rest 21% (vmstat); TEST_LANES=1 runs one lane.
+# Two lanes (pytest-xdist, tests/conftest.py): the multi-process tier in one, the other tiers in the other, each
+# in file order. Each left a fifth to a third of the 2 cores idle alone (vmstat); TEST_LANES=1 runs one lane.
 TEST_LANES ?= 2
 test: lint
 	$(BIN)/python -m pytest -m "not container" $(if $(filter-out 1,$(TEST_LANES)),-n $(TEST_LANES) --dist loadgroup) \

@@ -53,7 +53,7 @@ def read(path: str) -> list[TestTime]:
     for case in root.iter("testcase"):
         classname = case.get("classname", "")
         module = classname.replace(".", "/") + ".py" if classname.startswith("tests.") else classname
-        name = re.sub(r"@(local|multihost)$", "", case.get("name", ""))     # make test's lane (xdist_group)
+        name = re.sub(r"@(multiproc|others)$", "", case.get("name", ""))     # make test's lane (xdist_group)
         out.append(TestTime(tier_of(classname), f"{module}::{name}",
                             float(case.get("time", 0) or 0), _outcome(case)))
     return out

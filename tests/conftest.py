@@ -36,13 +36,13 @@ WORKERS = ROOT / "tests" / "multiproc" / "workers"
 
 @pytest.hookimpl(tryfirst=True)      # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``make test``'s two lanes (pytest-xdist, ``-n 2 --dist loadgroup``): the multi-host tier in one worker,
-    every other test in the other, each lane in its file order. Only the multi-host tier runs beside the rest:
-    its ranks live in their own network namespaces, and two lanes of local jobs could see each other's
-    processes (tests find ranks by command line). Without ``-n`` the marks do nothing."""
+    """``make test``'s two lanes (pytest-xdist, ``-n 2 --dist loadgroup``), each in file order: the multi-process
+    tier in one worker, every other tier (multi-host, unit, adapters, CLI, docs) in the other. Two
+    multi-process tests never overlap (they run the same examples and workers); the tests that find a process
+    by its command line look for their own temporary directory or arguments. Without ``-n`` the marks do
+    nothing."""
     for item in items:
-        lane = "multihost" if item.get_closest_marker("multihost") else "local"
-        item.add_marker(pytest.mark.xdist_group(lane))
+        item.add_marker(pytest.mark.xdist_group("multiproc" if item.get_closest_marker("multiproc") else "others"))
 
 
 _POOL_COUNTS = {"scenarios": 0, "started": 0}

@@ -254,9 +254,16 @@ class TestHosts:
 
 
 def _strip_marked_lines(path: Path) -> None:
+    """Remove the test hosts' lines. They were appended, so usually one truncate removes them: other tests
+    resolve names meanwhile (make test's other lane), and a file rewritten in place is empty for a moment."""
     text = path.read_text()
-    if MARKER in text:
-        path.write_text("".join(line for line in text.splitlines(keepends=True) if MARKER not in line))
+    if MARKER not in text:
+        return
+    kept = "".join(line for line in text.splitlines(keepends=True) if MARKER not in line)
+    if text.startswith(kept):
+        os.truncate(path, len(kept.encode()))
+    else:
+        path.write_text(kept)
 
 
 def _quote(arg: str) -> str:

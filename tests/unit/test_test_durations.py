@@ -12,12 +12,12 @@ pytestmark = pytest.mark.unit
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
-<testcase classname="tests.multiproc.test_elastic" name="test_shrink[gloo]@local" time="41.5" />
+<testcase classname="tests.multiproc.test_elastic" name="test_shrink[gloo]@multiproc" time="41.5" />
 <testcase classname="tests.multiproc.test_elastic" name="test_grow" time="20.0"><failure message="x">x</failure>
 </testcase>
 <testcase classname="tests.unit.test_lr" name="test_rule" time="0.01" />
 <testcase classname="docs.API.md" name="line:12,column:1" time="3.5" />
-<testcase classname="tests.multihost.test_slurm" name="test_sbatch@multihost" time="7.25" />
+<testcase classname="tests.multihost.test_slurm" name="test_sbatch@others" time="7.25" />
 </testsuite></testsuites>
 """
 
