@@ -229,3 +229,15 @@ def test_init_under_torchrun_fails_naming_horovodrun(tmp_path):
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "trained alone" not in proc.stdout
     assert "WORLD_SIZE=2" in proc.stdout and "horovodrun -np 2" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_port_on_one_process_equals_its_original_where_the_docs_say(launch):
+    """ADAPTERS.md, 'One process equals the original'. A user trial found the page promising a shuffled port's
+    numbers bit for bit, which hk.distributed_loader's own shuffle order never gave, generator=None or not. Same
+    order (no shuffle) and generator=None: bit for bit, dropout included. As shipped, the loaders' own
+    generator gives dropout other numbers; a shuffled port has another order."""
+    (result,) = launch(1, "torch_one_process.py")
+    assert result["size"] == 1
+    assert result["port_generator_none"] == result["original"]
+    assert result["port_as_shipped"] != result["original"]
+    assert result["port_shuffled"] != result["original_shuffled"]
