@@ -139,6 +139,26 @@ def signal_job(cmd: list[str], ready, victim, sig: int = signal.SIGTERM, start_t
             job.wait()
 
 
+def process_by_args(program: str, marker: str, subcommand: str | None = None) -> int:
+    """The pid of the one process running ``program`` (hvdkit, horovodrun: argv[1], as a console script's
+    interpreter sees it), optionally ``subcommand``, with ``marker`` (a test's own path) in its arguments."""
+    import psutil
+
+    (proc,) = [p for p in psutil.process_iter(["cmdline"])
+               if p.info["cmdline"] and len(p.info["cmdline"]) > 1 and p.info["cmdline"][1].endswith(program)
+               and (subcommand is None or subcommand in p.info["cmdline"][2:3])
+               and marker in " ".join(p.info["cmdline"])]
+    return proc.pid
+
+
+def progress_at_least(path: Path, target: tuple[int, ...]):
+    """A ``signal_job`` readiness check: the numbers a worker writes to ``path`` reached ``target``."""
+    def ready(_output: str) -> bool:
+        text = path.read_text().split() if path.exists() else []
+        return bool(text) and tuple(int(v) for v in text) >= target
+    return ready
+
+
 def kill_mid_save(cmd: list[str], out_dir: Path, target: str, start_timeout: float = 180) -> None:
     """Run a slow-save worker and SIGKILL it while it writes ``target``'s temporary file.
 

@@ -181,17 +181,12 @@ def test_launch_without_hosts_runs_on_this_machine_and_says_so():
 def test_ctrl_c_on_launch_says_interrupted_and_exits_130(tmp_path):
     """A terminal's Ctrl-C reaches hvdkit launch alone (the job runs in its own session): one line saying the
     user stopped it and 130, as shells expect, not "rank 1 ... killed by SIGTERM" as if a rank had failed."""
-    import psutil
-
-    from tests.conftest import WORKERS, hvdkit_launch_cmd, signal_job
+    from tests.conftest import WORKERS, hvdkit_launch_cmd, process_by_args, signal_job
 
     cmd = hvdkit_launch_cmd(2, [str(WORKERS / "torch_forever.py"), "--out", str(tmp_path)], "gloo")
 
     def launcher() -> int:
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
-                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
-        return proc.pid
+        return process_by_args("hvdkit", str(tmp_path), "launch")
 
     out, took, rc = signal_job(cmd, lambda _: all((tmp_path / f"looping{r}").exists() for r in range(2)), launcher,
                                sig=signal.SIGINT, start_timeout=120, end_timeout=60)

@@ -13,21 +13,13 @@ import shlex
 import signal
 import sys
 
-import psutil
 import pytest
 
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import WORKERS, hvdkit_cmd, signal_job
+from tests.conftest import WORKERS, hvdkit_cmd, process_by_args, progress_at_least, signal_job
 from tests.multihost.testhosts import PORT
 
 pytestmark = pytest.mark.multihost
-
-
-def progress_at_least(path, target: tuple[int, int]):
-    def ready(_output: str) -> bool:
-        text = path.read_text().split() if path.exists() else []
-        return bool(text) and tuple(int(v) for v in text) >= target
-    return ready
 
 
 @pytest.mark.parametrize("controller", ["", "--mpi"])        # "": launch's choice across hosts, Gloo
@@ -41,14 +33,8 @@ def test_sigterm_to_the_launcher_checkpoints_the_ranks_on_both_hosts_and_exits_7
                       sys.executable, str(WORKERS / "torch_preempt.py"), "--out", str(out), "--ckpt", str(ckpt),
                       "--step-seconds", "0.2", "--ballast-mb", "512", "--save-delay-s", "6")
     cmd = cluster.enter("hosta", " ".join(shlex.quote(a) for a in argv))
-
-    def launcher() -> int:        # hvdkit launch itself on hosta, found by its own arguments
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and len(p.info["cmdline"]) > 2 and p.info["cmdline"][1].endswith("hvdkit")
-                   and p.info["cmdline"][2] == "launch" and str(out) in " ".join(p.info["cmdline"])]
-        return proc.pid
-
-    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)), launcher, end_timeout=120)
+    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)),
+                                     lambda: process_by_args("hvdkit", str(out), "launch"), end_timeout=120)
     assert code == REQUEUE_EXIT_CODE, f"hvdkit launch exited {code}:\n{output[-3000:]}"
     assert "hvdkit launch: SIGTERM: every rank is asked to checkpoint" in output, output[-3000:]
     assert ckpt.exists() and not list(tmp_path.glob(".ckpt.pt.*.tmp")), sorted(p.name for p in tmp_path.iterdir())

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, hvdkit_launch_cmd, signal_job
+from tests.conftest import WORKERS, horovodrun_cmd, hvdkit_launch_cmd, process_by_args, signal_job
 
 pytestmark = pytest.mark.multiproc
 BOUND_S = 30
@@ -61,10 +61,7 @@ def test_a_signal_to_hvdkit_launch_alone_stops_the_job(tmp_path, controller, sig
         return all((tmp_path / f"looping{r}").exists() for r in range(2))
 
     def launcher() -> int:    # the hvdkit launch process itself, found by its own arguments
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
-                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
-        return proc.pid
+        return process_by_args("hvdkit", str(tmp_path), "launch")
 
     out, took, rc = signal_job(cmd, looping, launcher, sig=sig, start_timeout=120, end_timeout=BOUND_S + 30)
     ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]
@@ -84,10 +81,7 @@ def test_a_killed_launcher_takes_the_job_with_it(tmp_path, controller):
         return all((tmp_path / f"looping{r}").exists() for r in range(2))
 
     def launcher() -> int:
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(tmp_path) in " ".join(
-                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
-        return proc.pid
+        return process_by_args("hvdkit", str(tmp_path), "launch")
 
     signal_job(cmd, looping, launcher, sig=signal.SIGKILL, start_timeout=120, end_timeout=BOUND_S + 30)
     ranks = [json.loads((tmp_path / f"pid{r}.json").read_text()) for r in range(2)]

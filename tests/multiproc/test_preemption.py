@@ -9,11 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, hvdkit_cmd, read_rank_results, run_job, signal_job
+from tests.conftest import (
+    ROOT,
+    WORKERS,
+    horovodrun_cmd,
+    hvdkit_cmd,
+    process_by_args,
+    progress_at_least,
+    read_rank_results,
+    run_job,
+    signal_job,
+)
 
 pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_preempt.py")
@@ -40,13 +49,6 @@ def example_result(output: str) -> dict:
     match = re.search(r'\{"dataset"[^{}]*\}', output)
     assert match, output[-3000:]
     return json.loads(match.group(0))
-
-
-def progress_at_least(path: Path, target: tuple[int, ...]):
-    def ready(_output: str) -> bool:
-        text = path.read_text().split() if path.exists() else []
-        return bool(text) and tuple(int(v) for v in text) >= target
-    return ready
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
@@ -93,10 +95,7 @@ def test_sigterm_with_a_1gb_checkpoint_leaves_it_whole_and_exits_75(tmp_path, co
                      # or busy file system, so that an early exit of rank 1 shows whatever this machine's disk does.
                      "--save-delay-s", "6")
     def launcher() -> int:        # hvdkit launch itself, found by its own arguments
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and "launch" in p.info["cmdline"] and str(out) in " ".join(
-                       p.info["cmdline"]) and p.info["cmdline"][1].endswith("hvdkit")]
-        return proc.pid
+        return process_by_args("hvdkit", str(out), "launch")
 
     output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)),
                                      launcher if victim == "launcher" else lambda: int((out / "pid1").read_text()),
@@ -131,13 +130,8 @@ def test_sigterm_to_a_plain_horovodrun_mpi_leaves_its_checkpoint_whole_and_exits
     cmd = horovodrun_cmd(2, [WORKER, "--out", str(out), "--ckpt", str(ckpt), "--step-seconds", "0.2",
                              "--ballast-mb", "512", "--save-delay-s", "6"], "mpi")
 
-    def horovodrun() -> int:          # horovodrun itself, found by its own arguments
-        (proc,) = [p for p in psutil.process_iter(["cmdline"])
-                   if p.info["cmdline"] and len(p.info["cmdline"]) > 1 and p.info["cmdline"][1].endswith("horovodrun")
-                   and str(out) in " ".join(p.info["cmdline"])]
-        return proc.pid
-
-    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)), horovodrun, end_timeout=120)
+    output, ended, code = signal_job(cmd, progress_at_least(out / "progress", (0, 3)),
+                                     lambda: process_by_args("horovodrun", str(out)), end_timeout=120)
     assert code == REQUEUE_EXIT_CODE, f"horovodrun --mpi exited {code}:\n{output[-3000:]}"
     assert "horovodrun: SIGTERM: every rank is asked to checkpoint and stop" in output, output[-3000:]
     marks = whole_checkpoint_and_marks(tmp_path, ckpt, out, 2**29)

@@ -13,7 +13,7 @@ import hashlib
 
 import numpy as np
 from keras_common import parse_args, record_hvdkit_lines
-from keras_metrics_setup import build, data, metrics
+from keras_metrics_setup import build, data, metrics, validate
 from rank_results import write_result
 
 import hvdkit.keras as hk
@@ -62,15 +62,7 @@ for _epoch in range(2):
             unsharded = hk.check_sharded(xb, yb)    # once, on every rank
         train_step(xb, yb)
 
-val = hk.shard_arrays(x_val, y_val, pad=False)      # every row once
-validation_metrics = metrics(keras)
-for start in range(0, len(val[0]), 16):
-    xb, yb = val[0][start:start + 16], val[1][start:start + 16]
-    predictions = model.predict_on_batch(xb)
-    for m in validation_metrics:
-        m.update_state(yb, predictions)
-hk.sync_metrics(*validation_metrics)                # the state summed over the ranks, then the results
-validation = {m.name: float(m.result()) for m in validation_metrics}
+validation = validate(hk, model, hk.shard_arrays(x_val, y_val, pad=False), metrics(keras))   # every row once
 if ctx.is_main:
     model.save_weights(args.weights)
 

@@ -15,7 +15,7 @@ import argparse
 
 import numpy as np
 from keras_common import parse_args
-from keras_metrics_setup import build, data, metrics
+from keras_metrics_setup import build, data, metrics, validate
 from rank_results import write_result
 
 import hvdkit.keras as hk
@@ -65,13 +65,7 @@ if ctx.rank == 0:
 
 evaluated = hk.evaluate(model, *val, batch_size=16, verbose=0, return_dict=True)
 
-custom_metrics = metrics(keras)
-for start in range(0, len(val[0]), 16):
-    xb, yb = val[0][start:start + 16], val[1][start:start + 16]
-    for m in custom_metrics:
-        m.update_state(yb, model(xb, training=False))
-hk.sync_metrics(*custom_metrics)
-custom = {m.name: float(m.result()) for m in custom_metrics}
+custom = validate(hk, model, val, metrics(keras))
 
 write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "rows": len(val[0]), "logged": logged,
                                   "train_expected": train_expected, "custom": custom,

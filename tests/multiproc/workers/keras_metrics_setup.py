@@ -27,3 +27,14 @@ def metrics(keras):
 def build(keras):
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"),
                              keras.layers.Dense(1, activation="sigmoid")])
+
+
+def validate(hk, model, val, metric_list, batch_size: int = 16) -> dict[str, float]:
+    """A custom validation loop over this rank's unpadded shard: fresh metrics, hk.sync_metrics, the results."""
+    for start in range(0, len(val[0]), batch_size):
+        xb, yb = val[0][start:start + batch_size], val[1][start:start + batch_size]
+        predictions = model.predict_on_batch(xb)
+        for m in metric_list:
+            m.update_state(yb, predictions)
+    hk.sync_metrics(*metric_list)                   # the state summed over the ranks, then the results
+    return {m.name: float(m.result()) for m in metric_list}
