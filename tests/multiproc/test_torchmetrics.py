@@ -9,11 +9,11 @@ def close(a: float, b: float, rel: float = 1e-6) -> bool:
     return abs(a - b) <= rel * max(abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("np", [2, 3])
-def test_torchmetrics_with_hvdkits_sync_equal_one_process_on_the_whole_set(launch, np):
+@pytest.mark.parametrize("np,controller", [(2, "gloo"), (3, "gloo"), (2, "mpi")])
+def test_torchmetrics_with_hvdkits_sync_equal_one_process_on_the_whole_set(launch, np, controller):
     """torchmetrics syncs only over torch.distributed, which a Horovod job never initialises: each rank's metric
     covered its own shard. hk.torchmetrics_sync() gathers the state through Horovod."""
-    results = launch(np, "torch_torchmetrics.py")
+    results = launch(np, "torch_torchmetrics.py", controller=controller)
     assert [r["size"] for r in results] == [np] * np
     assert sum(r["rows"] for r in results) == 101
     reference = results[0]["one_process"]
