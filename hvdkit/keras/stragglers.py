@@ -6,7 +6,8 @@ with ``tf.timestamp`` inside the traced step on TensorFlow. The ``StragglerRepor
 callback that ``hk.callbacks()`` adds times the epoch from the first batch's
 end to the last batch's end; at the epoch's end, one small allgather
 (:func:`hvdkit.runtime.stragglers.report_epoch`) lets rank 0 name a rank whose
-own step (wall time less that wait) is twice the others' median. tf-keras uses
+own step (wall time less that wait and less the time this thread waited for
+a CPU core) is twice the others' median. tf-keras uses
 Horovod's own optimizer, which has no such timer: there the callback does nothing.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 
 from hvdkit.keras.context import current
-from hvdkit.runtime.stragglers import report_epoch, watch_for
+from hvdkit.runtime.stragglers import core_wait_s, report_epoch, watch_for
 
 
 class AllreduceTimer:
@@ -62,6 +63,7 @@ def straggler_report(keras, backend) -> type:
             self.timer = None
             self.started = self.ended = None
             self.waited_at_start = 0.0
+            self.core_at_start = self.core_at_end = 0.0
             self.steps = 0
 
         def on_train_begin(self, logs=None):
@@ -76,9 +78,10 @@ def straggler_report(keras, backend) -> type:
                 return
             if self.started is None:
                 self.started, self.waited_at_start = time.perf_counter(), self.timer.seconds()
+                self.core_at_start = core_wait_s()
             else:
                 self.steps += 1
-                self.ended = time.perf_counter()
+                self.ended, self.core_at_end = time.perf_counter(), core_wait_s()
 
         def on_epoch_end(self, epoch, logs=None):
             if self.timer is None:        # the same on every rank: all skip the collective
@@ -87,7 +90,8 @@ def straggler_report(keras, backend) -> type:
             busy = 0.0
             if self.started is not None and self.steps:
                 waited = self.timer.seconds() - self.waited_at_start
-                busy = max(0.0, self.ended - self.started - waited)
+                core = self.core_at_end - self.core_at_start     # this thread's wait for a core (the host's load)
+                busy = max(0.0, self.ended - self.started - waited - core)
             report_epoch(backend, self.steps, busy, rank=ctx.rank, size=ctx.size,
                          name=f"hvdkit.stragglers.{epoch}", watch=watch_for(ctx))
 

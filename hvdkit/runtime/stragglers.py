@@ -2,8 +2,12 @@
 
 In synchronous data parallelism every rank's step takes as long as the
 slowest's: the others wait for it in the gradient allreduce. So the time that
-tells ranks apart is a rank's own share of the step, its wall time minus the
-time it spent blocked in that allreduce. Each adapter measures the two (torch:
+tells ranks apart is a rank's own share of the step: its wall time less the
+time it spent blocked in that allreduce, and less the time its thread was
+ready to run but waited for a CPU core that another process held (Linux
+counts it per thread). That last wait is the host's load, not the rank's:
+ranks that share a host share its cores, and which of them the scheduler
+makes wait changes from one moment to the next. Each adapter measures the two (torch:
 around the optimizer's synchronize; Keras: around the grouped allreduce in the
 optimizer's ``apply``); here one small allgather an epoch brings every rank's
 numbers to rank 0, which prints one line when one rank stands out.
@@ -27,10 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 # A rank twice the others' median leaves every other rank idle half of each step: worth a line each
-# epoch. 1.5x was tried first and flagged a balanced 2-rank torch job on this project's 2-core test
-# machine while another job shared the cores (16.3 against 9.0 ms, tests/multiproc/test_stragglers.py);
-# a line every epoch for such noise would teach users to ignore it. And a gap under 5 ms a step is not
-# worth a line whatever the ratio: tiny CPU steps swing by that much when another process takes a core.
+# epoch; a line every epoch for noise would teach users to ignore it. And a gap under 5 ms a step is not
+# worth a line whatever the ratio: tiny CPU steps swing by that much.
 THRESHOLD = 2.0
 FLOOR_MS = 5.0
 # A rank is named once it stood out this many epochs in a row: a slow node, a throttled GPU or an uneven
@@ -85,6 +87,19 @@ def find_straggler(step_ms: Sequence[float | None], threshold: float = THRESHOLD
     return None
 
 
+def core_wait_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a CPU core, since it started.
+
+    Linux counts it in ``/proc/thread-self/schedstat`` (the second field, in nanoseconds); elsewhere
+    this is 0.0. Another process busy on a rank's cores shows up here, not in the rank's own work.
+    """
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 _watch: tuple[object, StragglerWatch] | None = None      # (the job's context, its watch)
 
 
@@ -121,23 +136,25 @@ class StepClock:
     """This rank's steps since the last :meth:`take`: how many, and the seconds not spent waiting for others.
 
     A step is the time between two :meth:`step_done` calls, less the waits
-    :meth:`add_wait` recorded in between; the first step after a take only
+    :meth:`add_wait` recorded in between and less the time the stepping thread
+    waited for a core (``core_wait``); the first step after a take only
     starts the clock (the gap before it held evaluation, checkpoints, the loader's start).
+    Call :meth:`step_done` from the thread that runs the steps.
     """
 
-    def __init__(self, clock=time.perf_counter):
-        self.clock = clock
+    def __init__(self, clock=time.perf_counter, core_wait=core_wait_s):
+        self.clock, self.core_wait = clock, core_wait
         self.steps, self.busy_s, self.waited_s = 0, 0.0, 0.0
-        self.last: float | None = None
+        self.last: tuple[float, float] | None = None       # (clock, core wait) at the last step's end
 
     def add_wait(self, seconds: float) -> None:
         self.waited_s += seconds
 
     def step_done(self) -> None:
-        now = self.clock()
+        now = (self.clock(), self.core_wait())
         if self.last is not None:
             self.steps += 1
-            self.busy_s += max(0.0, now - self.last - self.waited_s)
+            self.busy_s += max(0.0, now[0] - self.last[0] - self.waited_s - (now[1] - self.last[1]))
         self.last, self.waited_s = now, 0.0
 
     def take(self) -> tuple[int, float]:

@@ -46,3 +46,12 @@ def test_keras_names_the_slowed_rank_from_its_second_slow_epoch(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["tensorflow"])
 def test_keras_balanced_job_prints_no_straggler_line(tmp_path, mode):
     assert straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--epochs", "3") == []
+
+
+def test_torch_does_not_name_a_rank_slowed_only_by_other_processes_on_its_core(tmp_path):
+    # Rank 0 shares CPU 0 with three busy processes (rank 1 has CPU 1 alone): its 20 ms of work a step takes several
+    # times as long in wall time, but the extra is time its thread waited for the core, the host's load.
+    lines = straggler_lines(tmp_path, "torch_straggler.py", "--hogs", "3", "--busy-ms", "20", "--epochs", "3")
+    results = read_rank_results(tmp_path, 2, "")
+    assert results[0]["core_wait_s"] > 2 * results[1]["core_wait_s"] + 1.0, results   # the busy processes held CPU 0
+    assert lines == [], lines

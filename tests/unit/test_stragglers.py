@@ -1,10 +1,14 @@
 """hvdkit.runtime.stragglers: who is named, against what, and the one allgather an epoch."""
 
 import io
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from hvdkit.runtime.stragglers import StepClock, StragglerWatch, find_straggler, report_epoch
+from hvdkit.runtime.stragglers import StepClock, StragglerWatch, core_wait_s, find_straggler, report_epoch
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +47,7 @@ def test_report_epoch_prints_on_rank_0_only():
 
 def test_step_clock_subtracts_waits_and_skips_the_first_step():
     now = iter([0.0, 0.050, 0.100, 5.0, 5.030])
-    clock = StepClock(clock=lambda: next(now))
+    clock = StepClock(clock=lambda: next(now), core_wait=lambda: 0.0)
     clock.step_done()                     # starts the clock
     clock.add_wait(0.040)
     clock.step_done()                     # 50 ms, 40 of them waiting
@@ -52,6 +56,35 @@ def test_step_clock_subtracts_waits_and_skips_the_first_step():
     clock.step_done()                     # after evaluation: starts again
     clock.step_done()
     assert clock.take() == (1, pytest.approx(0.030))
+
+
+def test_step_clock_leaves_out_the_time_the_thread_waited_for_a_core():
+    """Another process on the rank's core: 60 ms of wall time a step, 35 of them ready to run but not running."""
+    now, core = iter([0.0, 0.060, 0.120]), iter([1.0, 1.035, 1.070])
+    clock = StepClock(clock=lambda: next(now), core_wait=lambda: next(core))
+    for _ in range(3):
+        clock.step_done()
+    assert clock.take() == (2, pytest.approx(0.050))
+
+
+def test_core_wait_grows_while_another_process_holds_this_threads_core():
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        pytest.fail("no /proc/thread-self/schedstat: the straggler line cannot leave out the host's load here")
+    allowed = os.sched_getaffinity(0)
+    hog = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)                              # the busy process is up and on CPU 0
+        os.sched_setaffinity(0, {0})
+        start = core_wait_s()
+        busy_until = time.thread_time() + 0.2
+        while time.thread_time() < busy_until:
+            pass
+        waited = core_wait_s() - start
+    finally:
+        os.sched_setaffinity(0, allowed)
+        hog.kill()
+        hog.wait()
+    assert waited > 0.05, waited                     # two on one core: this thread waited for much of its turn
 
 
 def test_a_watch_names_only_a_rank_that_stands_out_epochs_in_a_row():
