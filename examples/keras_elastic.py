@@ -12,7 +12,7 @@ import json
 import time
 
 import hvdkit.keras as hk  # hvdkit:
-from hvdkit.common.argtypes import positive_float, positive_int
+from hvdkit.argtypes import positive_float, positive_int
 from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 

@@ -16,7 +16,7 @@ import os
 import time
 
 import hvdkit.keras as hk  # hvdkit:
-from hvdkit.common.argtypes import non_negative_float, positive_float, positive_int
+from hvdkit.argtypes import non_negative_float, positive_float, positive_int
 from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk  # hvdkit:
-from hvdkit.common.argtypes import positive_float, positive_int
+from hvdkit.argtypes import positive_float, positive_int
 from hvdkit.examples.datasets import DATASETS, DatasetError, load_dataset
 
 

@@ -15,8 +15,8 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from hvdkit.argtypes import non_negative_float, positive_float
 from hvdkit.bench.calibrate import calibrate_network, train_compute
-from hvdkit.common.argtypes import non_negative_float, positive_float
 from hvdkit.common.console import text_table
 from hvdkit.common.errors import UserError
 from hvdkit.common.plots import plot_cost_model

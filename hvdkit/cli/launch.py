@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from hvdkit.argtypes import positive_int
 from hvdkit.cli.args import (
     add_host_arguments,
     add_np_argument,
@@ -28,7 +29,6 @@ from hvdkit.cli.args import (
     resolve_hosts,
     target_from_args,
 )
-from hvdkit.common.argtypes import positive_int
 from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import REQUEUE_EXIT_CODE, SLURM, horovodrun_worker_slot, started_by_horovodrun
 from hvdkit.common.tuning import check_horovod_environment

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from hvdkit.common.argtypes import positive_int
+from hvdkit.argtypes import positive_int
 from hvdkit.common.plots import plot_timeline
 from hvdkit.ops.timeline import analyze, format_report, read_timeline
 

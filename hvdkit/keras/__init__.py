@@ -20,25 +20,28 @@ at its first import, and a script may still choose it (:func:`use_backend`).
 
 from importlib import import_module
 
-# name -> the module that defines it (the core's where both adapters share it)
-_WHERE = {
-    "BackendError": "hvdkit.keras.backend", "resolve_backend": "hvdkit.keras.backend",
-    "use_backend": "hvdkit.keras.backend",
-    "get_logger": "hvdkit.common.console", "progress": "hvdkit.common.console",
-    "REQUEUE_EXIT_CODE": "hvdkit.common.launcher", "PreemptionGuard": "hvdkit.runtime.preemption",
-    "UserError": "hvdkit.common.errors",
-    "metric_average": "hvdkit.runtime.metrics",
-    "callbacks": "hvdkit.keras.fit_callbacks",
-    "CheckpointError": "hvdkit.keras.checkpoint", "check_checkpoint_path": "hvdkit.keras.checkpoint",
-    "load_checkpoint": "hvdkit.keras.checkpoint", "save_checkpoint": "hvdkit.keras.checkpoint",
-    "Context": "hvdkit.keras.context", "current": "hvdkit.keras.context", "init": "hvdkit.keras.context",
-    "seed_everything": "hvdkit.keras.context",
-    "distributed_batches": "hvdkit.keras.data", "check_sharded": "hvdkit.keras.data", "fit": "hvdkit.keras.data",
-    "shard_arrays": "hvdkit.keras.data", "shard_dataset": "hvdkit.keras.data", "steps_per_epoch": "hvdkit.keras.data",
-    "DistributedOptimizer": "hvdkit.keras.optimizer", "broadcast_state": "hvdkit.keras.optimizer",
-    "scale_lr": "hvdkit.keras.optimizer", "sync_metrics": "hvdkit.keras.metrics",
-    "evaluate": "hvdkit.keras.metrics",
+# The module that defines each public name (the core's, where both adapters share it).
+_HOME = {
+    "hvdkit.common.console": ("get_logger", "progress"),
+    "hvdkit.common.errors": ("UserError",),
+    "hvdkit.common.launcher": ("REQUEUE_EXIT_CODE",),
+    "hvdkit.runtime.metrics": ("metric_average",),
+    "hvdkit.runtime.nonfinite": ("NonFiniteGradientError",),
+    "hvdkit.runtime.preemption": ("PreemptionGuard",),
+    "hvdkit.runtime.topology": ("NoGPUError",),
+    "hvdkit.keras.backend": ("BackendError", "resolve_backend", "use_backend"),
+    "hvdkit.keras.checkpoint": ("CheckpointError", "check_checkpoint_path", "load_checkpoint", "save_checkpoint"),
+    "hvdkit.keras.context": ("Context", "current", "init", "seed_everything"),
+    "hvdkit.keras.data": ("check_sharded", "distributed_batches", "fit", "shard_arrays", "shard_dataset",
+                          "steps_per_epoch"),
+    "hvdkit.keras.fit_callbacks": ("callbacks",),
+    "hvdkit.keras.metrics": ("evaluate", "sync_metrics"),
+    "hvdkit.keras.optimizer": ("DistributedOptimizer", "broadcast_state", "scale_lr"),
 }
+# Made on first use rather than looked up: they depend on the Keras mode (see __getattr__).
+_MADE = ("SyncBatchNormalization", "elastic", "hvd")
+
+__all__ = sorted([name for names in _HOME.values() for name in names] + list(_MADE))
 
 
 def __getattr__(name: str):
@@ -56,23 +59,13 @@ def __getattr__(name: str):
         from hvdkit.keras.collectives import backend_for
 
         return backend_for(resolve_backend()).hvd
-    if name in _WHERE:
-        value = getattr(import_module(_WHERE[name]), name)
-        globals()[name] = value        # bound once; later lookups do not come here
-        return value
+    for module, names in _HOME.items():
+        if name in names:
+            value = getattr(import_module(module), name)
+            globals()[name] = value        # bound once; later lookups do not come here
+            return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
-
-
-__all__ = [
-    "BackendError", "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
-    "SyncBatchNormalization", "UserError", "broadcast_state", "callbacks", "check_checkpoint_path", "check_sharded",
-    "current",
-    "distributed_batches", "elastic", "evaluate", "fit",
-    "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "resolve_backend",
-    "save_checkpoint", "scale_lr", "seed_everything", "shard_arrays", "shard_dataset", "steps_per_epoch",
-    "sync_metrics", "use_backend",
-]
+    return __all__        # the public names only, not this module's helpers or its loaded submodules

@@ -18,7 +18,9 @@ from hvdkit.common.console import get_logger, progress
 from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import REQUEUE_EXIT_CODE
 from hvdkit.runtime.metrics import metric_average
+from hvdkit.runtime.nonfinite import NonFiniteGradientError
 from hvdkit.runtime.preemption import PreemptionGuard
+from hvdkit.runtime.topology import NoGPUError
 from hvdkit.torch import elastic
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
@@ -39,7 +41,8 @@ SyncBatchNorm = hvd.SyncBatchNorm
 """Horovod's ``torch.nn`` BatchNorm with statistics over all ranks (Keras: ``SyncBatchNormalization``)."""
 
 __all__ = [
-    "CheckpointError", "Context", "DistributedOptimizer", "PreemptionGuard", "REQUEUE_EXIT_CODE",
+    "CheckpointError", "Context", "DistributedOptimizer", "NoGPUError", "NonFiniteGradientError", "PreemptionGuard",
+    "REQUEUE_EXIT_CODE",
     "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm", "UserError",
     "allreduce_sum", "broadcast_state", "check_checkpoint_path", "current", "distributed_loader", "elastic",
     "eval_loader", "evaluate",
@@ -47,3 +50,7 @@ __all__ = [
     "save_checkpoint",
     "scale_lr", "seed_everything", "shard_arrays", "step", "torchmetrics_sync", "warmup_scheduler",
 ]
+
+
+def __dir__():
+    return __all__        # the public names only, not the submodules that the imports above loaded

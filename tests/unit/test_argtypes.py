@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from hvdkit.common.argtypes import non_negative_float, positive_float, positive_int
+from hvdkit.argtypes import non_negative_float, positive_float, positive_int
 
 pytestmark = pytest.mark.unit
 
