@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from hvdkit.bench.catalog import MODELS, Implementation, check_models, implementations
 from hvdkit.bench.results import collect
 from hvdkit.common.console import progress
-from hvdkit.common.procs import TIMED_OUT, run_bounded
 from hvdkit.ops.hosts import LOCAL_NAMES
 from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
+from hvdkit.ops.procs import TIMED_OUT, run_bounded
 from hvdkit.runtime.topology import share_of_cores
 
 

@@ -20,7 +20,7 @@ Example::
 
     study = json.load(open("docs/bench/scaling.json"))
     result = analyse(study)
-    print(scaling_table(result))     # the picture: hvdkit.common.plots.plot_scaling("scaling.png", result)
+    print(scaling_table(result))     # the picture: hvdkit.ops.plots.plot_scaling("scaling.png", result)
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from hvdkit.cli.args import (
     target_from_args,
 )
 from hvdkit.common.errors import UserError
-from hvdkit.common.plots import plot_allreduce, plot_train
 from hvdkit.common.units import parse_byte_range
 from hvdkit.ops import slurm
 from hvdkit.ops.launch import BuildFlags, LaunchTarget
+from hvdkit.ops.plots import plot_allreduce, plot_train
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -19,9 +19,9 @@ from hvdkit.argtypes import non_negative_float, positive_float
 from hvdkit.bench.calibrate import calibrate_network, train_compute
 from hvdkit.common.console import text_table
 from hvdkit.common.errors import UserError
-from hvdkit.common.plots import plot_cost_model
 from hvdkit.common.units import format_bytes, parse_count
 from hvdkit.ops.costmodel import RESNET50_PARAMS, Network, Workload, predict, ring_allreduce_s
+from hvdkit.ops.plots import plot_cost_model
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from hvdkit.argtypes import positive_int
-from hvdkit.common.plots import plot_timeline
+from hvdkit.ops.plots import plot_timeline
 from hvdkit.ops.timeline import analyze, format_report, read_timeline
 
 

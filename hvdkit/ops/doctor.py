@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 
 from hvdkit.common.console import text_table
-from hvdkit.common.procs import run_bounded
 from hvdkit.common.shared_memory import small_shm_warning
 from hvdkit.ops.envreport import EnvReport, collect
 from hvdkit.ops.hosts import HostSpec, is_this_machine
 from hvdkit.ops.launch import BuildFlags, LaunchTarget, plan_launch
+from hvdkit.ops.procs import run_bounded
 from hvdkit.ops.remote import SSH_CONNECT_TIMEOUT_S, last_line, ssh_argv, ssh_fix_hint
 
 REMOTE_TIMEOUT_S = 60

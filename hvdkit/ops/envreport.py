@@ -27,9 +27,9 @@ from pathlib import Path
 
 import hvdkit
 from hvdkit.common.files import WriteError, atomic_write
-from hvdkit.common.procs import NOT_FOUND, TIMED_OUT, run_bounded
 from hvdkit.common.shared_memory import shm_bytes
 from hvdkit.common.tuning import horovod_setting_errors
+from hvdkit.ops.procs import NOT_FOUND, TIMED_OUT, run_bounded
 
 # Report name -> distributions that provide it (first installed one wins).
 PACKAGES: dict[str, tuple[str, ...]] = {

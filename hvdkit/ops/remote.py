@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import hvdkit
 from hvdkit.common.errors import UserError
-from hvdkit.common.procs import run_bounded
 from hvdkit.ops.hosts import HostSpec, is_this_machine, parse_discovery_output
+from hvdkit.ops.procs import run_bounded
 
 SSH_CONNECT_TIMEOUT_S = 5
 DISCOVERY_TIMEOUT_S = 30

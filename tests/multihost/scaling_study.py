@@ -36,7 +36,7 @@ from hvdkit.bench.results import machine
 from hvdkit.bench.scaling import analyse, scaling_table
 from hvdkit.common.console import progress
 from hvdkit.common.errors import UserError
-from hvdkit.common.plots import plot_scaling
+from hvdkit.ops.plots import plot_scaling
 from tests.multihost.testhosts import PORT, TestHosts
 
 ROOT = Path(__file__).resolve().parents[2]

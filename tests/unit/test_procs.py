@@ -1,4 +1,4 @@
-"""hvdkit.common.procs.run_bounded: the one way a program is run to its end within a time limit."""
+"""hvdkit.ops.procs.run_bounded: the one way a program is run to its end within a time limit."""
 
 import os
 import sys
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvdkit.common.procs import NOT_FOUND, TIMED_OUT, run_bounded
+from hvdkit.ops.procs import NOT_FOUND, TIMED_OUT, run_bounded
 
 pytestmark = pytest.mark.unit
 
