@@ -33,21 +33,23 @@ from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import REQUEUE_EXIT_CODE, SLURM, horovodrun_worker_slot, started_by_horovodrun
 from hvdkit.common.tuning import check_horovod_environment
 from hvdkit.ops.hosts import RankPlacement
-from hvdkit.ops.launch import (
-    BuildFlags,
-    LaunchConfig,
+from hvdkit.ops.job_output import (
     WholeLines,
-    check_command,
-    check_program,
-    check_timeline,
     ended_by_preemption,
     explain_failure,
     explain_worker_exit,
     is_rank_output,
-    one_host_elastic_risk,
-    plan_launch,
     removed_worker,
     worker_exit,
+)
+from hvdkit.ops.launch import (
+    BuildFlags,
+    LaunchConfig,
+    check_command,
+    check_program,
+    check_timeline,
+    one_host_elastic_risk,
+    plan_launch,
 )
 from hvdkit.ops.remote import discover_hosts, quick_check
 

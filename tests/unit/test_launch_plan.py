@@ -101,7 +101,7 @@ def test_command_checks():
 ])
 def test_failure_line_names_rank_host_and_cause(output, line):
     from hvdkit.ops.hosts import rank_layout
-    from hvdkit.ops.launch import explain_failure
+    from hvdkit.ops.job_output import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
 
@@ -230,7 +230,7 @@ EXPLAINED = [
 @pytest.mark.parametrize("output, line", EXPLAINED)
 def test_the_rank_whose_own_error_came_first_is_named(output, line):
     from hvdkit.ops.hosts import rank_layout
-    from hvdkit.ops.launch import explain_failure
+    from hvdkit.ops.job_output import explain_failure
 
     assert explain_failure(output, rank_layout(parse_hosts_string("a:2,b:2"), 4)) == line
 
@@ -247,7 +247,7 @@ def test_timeline_is_recorded_without_the_response_cache(elastic):
 def test_an_elastic_workers_host_is_read_from_the_command_horovodrun_starts_it_with():
     """Issue 35: horovodrun says only "Process 1 exit with status code 137." when an elastic worker is lost."""
     from hvdkit.common.launcher import horovodrun_worker_slot as worker_slot
-    from hvdkit.ops.launch import explain_worker_exit, removed_worker, worker_exit
+    from hvdkit.ops.job_output import explain_worker_exit, removed_worker, worker_exit
 
     local = ("/bin/sh -c env HOROVOD_HOSTNAME=127.0.0.1 HOROVOD_RANK=1 HOROVOD_SIZE=2 HOROVOD_LOCAL_RANK=0 "
              "HOROVOD_CROSS_RANK=0 PATH=/bin python train.py")
@@ -315,7 +315,7 @@ Exit code: 75
     (1, GLOO_PREEMPTED.replace("name: 1", "name: hostb[1]").replace("Exit code: 75", "Exit code: 137"), False),
 ])
 def test_a_preempted_job_is_told_from_a_failed_one(rc, output, expected):
-    from hvdkit.ops.launch import ended_by_preemption
+    from hvdkit.ops.job_output import ended_by_preemption
 
     assert ended_by_preemption(rc, output) is expected
 

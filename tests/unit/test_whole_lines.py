@@ -6,7 +6,7 @@ under PYTHONUNBUFFERED=1 (73 of 6000 came in pieces); tests/multiproc/test_launc
 
 import pytest
 
-from hvdkit.ops.launch import WholeLines
+from hvdkit.ops.job_output import WholeLines
 
 pytestmark = pytest.mark.unit
 X40 = "x" * 40
