@@ -13,7 +13,7 @@ Choose the backend with KERAS_BACKEND=tensorflow|torch, or TF_USE_LEGACY_KERAS=1
 for tf-keras, before importing keras. Launch with ``horovodrun -np 2 python train.py``.
 The same names as :mod:`hvdkit.torch` where both have the thing; docs/API.md lists both.
 
-The names load on first use: ``import hvdkit.keras`` (or its pure ``backend``
+The names load on first use: ``import hvdkit.keras`` (or its pure ``mode``
 module) imports neither Keras nor Horovod, since Keras reads its backend once,
 at its first import, and a script may still choose it (:func:`use_backend`).
 """
@@ -29,7 +29,7 @@ _HOME = {
     "hvdkit.runtime.nonfinite": ("NonFiniteGradientError",),
     "hvdkit.runtime.preemption": ("PreemptionGuard",),
     "hvdkit.runtime.topology": ("NoGPUError",),
-    "hvdkit.keras.backend": ("BackendError", "resolve_backend", "use_backend"),
+    "hvdkit.keras.mode": ("BackendError", "resolve_backend", "use_backend"),
     "hvdkit.keras.checkpoint": ("CheckpointError", "check_checkpoint_path", "load_checkpoint", "save_checkpoint"),
     "hvdkit.keras.context": ("Context", "current", "init", "seed_everything"),
     "hvdkit.keras.data": ("check_sharded", "distributed_batches", "fit", "shard_arrays", "shard_dataset",
@@ -49,14 +49,14 @@ def __getattr__(name: str):
         return import_module("hvdkit.keras.elastic")
     if name == "SyncBatchNormalization":
         # Subclasses the Keras that the backend selects, so it is made on first use.
-        from hvdkit.keras.backend import resolve_backend
+        from hvdkit.keras.mode import resolve_backend
         from hvdkit.keras.sync_batch_norm import layer_class
 
         return layer_class(resolve_backend())
     if name == "hvd":
         # The Horovod module serving this Keras mode (horovod.tensorflow or horovod.torch), as hvdkit.torch.hvd.
-        from hvdkit.keras.backend import resolve_backend
         from hvdkit.keras.collectives import backend_for
+        from hvdkit.keras.mode import resolve_backend
 
         return backend_for(resolve_backend()).hvd
     for module, names in _HOME.items():

@@ -74,7 +74,7 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
     if step is not None:
         extra = {"step": step, **extra}
-    header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.backend,
+    header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.mode,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
               "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
     if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume

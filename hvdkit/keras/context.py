@@ -9,8 +9,8 @@ Example::
 
 from __future__ import annotations
 
-from hvdkit.keras.backend import keras_module, resolve_backend
 from hvdkit.keras.collectives import backend_for
+from hvdkit.keras.mode import keras_module, resolve_backend
 from hvdkit.runtime import context
 from hvdkit.runtime.context import Context, refresh, seed_everything
 
@@ -22,7 +22,7 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
 
     What it does is :func:`hvdkit.runtime.context.init`'s, as for
     :func:`hvdkit.torch.init`, through the backend that serves the Keras mode
-    (``ctx.backend``: ``"tensorflow"``, ``"torch"`` or ``"tf_keras"``).
+    (``ctx.mode``: ``"tensorflow"``, ``"torch"`` or ``"tf_keras"``).
     ``ctx.device`` is a ``torch.device`` on the torch backend, a TensorFlow
     device string (``"/GPU:0"``, ``"/CPU:0"``) otherwise.
 

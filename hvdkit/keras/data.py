@@ -84,7 +84,7 @@ def check_sharded(*batch) -> bool:
     if ctx.size == 1:
         return False
     arrays = [np.asarray(_to_numpy(b)) for b in batch]
-    unsharded = same_everywhere(backend_for(ctx.backend), rows_fingerprint(arrays), name="hvdkit.batch_data")
+    unsharded = same_everywhere(backend_for(ctx.mode), rows_fingerprint(arrays), name="hvdkit.batch_data")
     if unsharded and ctx.rank == 0:
         log.warning("hvdkit: every rank's first batch holds the same rows, so the data is not sharded: call "
                     "ds = hk.shard_dataset(ds) before shuffle and batch (or x, y = hk.shard_arrays(x, y)), so each "
@@ -128,7 +128,7 @@ def distributed_batches(x, y=None, batch_size: int = 32, *, shuffle: bool = True
         hk.fit(model, batches, epochs=12, callbacks=hk.callbacks(preemption_checkpoint="ckpts/"))
     """
     ctx = current()
-    return _batches_class(ctx.backend)(x, y, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
+    return _batches_class(ctx.mode)(x, y, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
                                        rank=ctx.rank, size=ctx.size, **dataset_kwargs)
 
 
@@ -141,7 +141,7 @@ def _batches_class(mode: str) -> type:
         return _BATCHES[mode]
     import numpy as np
 
-    from hvdkit.keras.backend import keras_module
+    from hvdkit.keras.mode import keras_module
     from hvdkit.runtime.sharding import resume_indices, samples_done
 
     utils = keras_module(mode).utils

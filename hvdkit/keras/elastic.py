@@ -24,9 +24,9 @@ import numpy as np
 from horovod.common.elastic import ObjectState
 
 from hvdkit.common.errors import UserError
-from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import broadcast_variables, variable_numpy
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.mode import keras_module
 from hvdkit.keras.optimizer import named_variables, set_learning_rate
 from hvdkit.keras.sharded import sharded_part
 from hvdkit.runtime.elastic import ElasticCommits, run
@@ -115,7 +115,7 @@ class ElasticState(ElasticCommits, ObjectState):
 
     def callback(self, batch_size: int):
         """A Keras callback that calls :meth:`step_done` after every training batch of the last :meth:`shard`."""
-        keras = keras_module(current().backend)
+        keras = keras_module(current().mode)
         state = self
 
         class ElasticCommit(keras.callbacks.Callback):

@@ -22,11 +22,11 @@ import logging
 import numpy as np
 
 from hvdkit.common.errors import UserError
-from hvdkit.keras.backend import keras_module
 from hvdkit.keras.checkpoint import check_checkpoint_path, save_checkpoint
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.context import current
 from hvdkit.keras.metrics import sync_metrics
+from hvdkit.keras.mode import keras_module
 from hvdkit.keras.nonfinite import nonfinite_loss_callback
 from hvdkit.keras.optimizer import (
     broadcast_state,
@@ -70,9 +70,9 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     the rank whose loss went NaN or inf (:mod:`hvdkit.keras.nonfinite`).
     """
     ctx = current()
-    classes = _callback_classes(ctx.backend)
+    classes = _callback_classes(ctx.mode)
     out = []
-    if ctx.backend == "tensorflow":         # XLA's step and Horovod's allreduce apart (hvdkit/keras/xla.py)
+    if ctx.mode == "tensorflow":         # XLA's step and Horovod's allreduce apart (hvdkit/keras/xla.py)
         out.append(classes["XlaOutsideCollectives"]())
     if check_finite:       # one small allreduce a batch (hvdkit/keras/nonfinite.py); before the preemption
         out.append(classes["StopOnNonFiniteLoss"]())  # checkpoint, which must not save a NaN batch's weights
@@ -90,8 +90,8 @@ def callbacks(*user_callbacks, warmup_epochs: float | None = None, warmup_steps:
     if warmup_epochs or warmup_steps:
         out.append(classes["LearningRateWarmup"](warmup_epochs, warmup_steps))
     out.append(classes["StragglerReport"]())         # one small allgather an epoch (hvdkit/keras/stragglers.py)
-    writers = tuple(getattr(keras_module(ctx.backend).callbacks, name) for name in RANK0_ONLY
-                    if hasattr(keras_module(ctx.backend).callbacks, name))
+    writers = tuple(getattr(keras_module(ctx.mode).callbacks, name) for name in RANK0_ONLY
+                    if hasattr(keras_module(ctx.mode).callbacks, name))
     for cb in user_callbacks:
         # Subclasses too: a user's ModelCheckpoint subclass on every rank wrote one file from all of them.
         if ctx.rank != root_rank and (isinstance(cb, writers) or type(cb).__name__ in RANK0_ONLY):

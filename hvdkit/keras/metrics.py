@@ -60,7 +60,7 @@ def sync_metrics(*metrics) -> None:
         return
     values = [variable_numpy(v) for v in variables]
     flat = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in values])
-    total = backend_for(ctx.backend).allreduce_floats(flat.tolist(), "sum", name=f"hvdkit.sync_metrics.{next(_calls)}")
+    total = backend_for(ctx.mode).allreduce_floats(flat.tolist(), "sum", name=f"hvdkit.sync_metrics.{next(_calls)}")
     offset = 0
     for variable, value in zip(variables, values):
         n = value.size

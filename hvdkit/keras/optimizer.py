@@ -13,9 +13,9 @@ import re
 
 from hvdkit.common.errors import UserError
 from hvdkit.keras import xla
-from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.mode import keras_module
 from hvdkit.keras.sharded import SlotSlice, check_same_loads, keras_file_methods, shard, sharded_part, whole_view
 from hvdkit.keras.stragglers import AllreduceTimer
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
@@ -103,10 +103,10 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
     b.compression(compression)     # a Horovod built before bf16 says so here, not inside fit's first step
-    if ctx.backend == "tf_keras" and shard_optimizer_state:
+    if ctx.mode == "tf_keras" and shard_optimizer_state:
         raise UserError("shard_optimizer_state needs Keras 3 (KERAS_BACKEND=tensorflow or torch); tf-keras's "
                         "optimizers are Horovod's own: unset TF_USE_LEGACY_KERAS, or leave shard_optimizer_state off")
-    if ctx.backend == "tf_keras":
+    if ctx.mode == "tf_keras":
         import horovod.tensorflow.keras as hvd_keras
 
         wrapped = hvd_keras.DistributedOptimizer(optimizer, op=b.reduce_op(op), compression=b.compression(compression),
@@ -127,7 +127,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     if backward_passes_per_step != 1:
         raise UserError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
                          f"gradient_accumulation_steps={backward_passes_per_step} instead")
-    keras = keras_module(ctx.backend)
+    keras = keras_module(ctx.mode)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise UserError(f"expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}: "
                         "pass e.g. keras.optimizers.SGD(...)")
@@ -145,8 +145,8 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         if plain is not optimizer:      # a LossScaleOptimizer stores its inner optimizer's variables in Keras's files
             keras_files = keras_file_methods(base, keras, ctx.size)
     checked = []
-    timer = AllreduceTimer(ctx.backend)       # the wait that hk.callbacks()'s straggler report subtracts
-    on_tensorflow = ctx.backend == "tensorflow"
+    timer = AllreduceTimer(ctx.mode)       # the wait that hk.callbacks()'s straggler report subtracts
+    on_tensorflow = ctx.mode == "tensorflow"
 
     def apply(self, grads, trainable_variables=None):
         if on_tensorflow:
@@ -191,7 +191,7 @@ def check_weights_at_first_step(variables) -> None:
     ctx = current()
     if not weights_check_applies(ctx.size):
         return
-    if ctx.backend == "torch":
+    if ctx.mode == "torch":
         check_weights_agree(backend(), weights_digest(v.numpy() for v in variables), BROADCAST_FIX,
                             when="at the first step")
         return

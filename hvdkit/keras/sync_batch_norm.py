@@ -26,8 +26,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from hvdkit.common.errors import UserError
-from hvdkit.keras.backend import keras_module
 from hvdkit.keras.collectives import allreduce_sum, backend_for
+from hvdkit.keras.mode import keras_module
 
 
 @lru_cache(maxsize=None)

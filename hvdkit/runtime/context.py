@@ -18,6 +18,7 @@ import numbers
 import os
 import random
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,14 +40,21 @@ log = logging.getLogger("hvdkit.runtime")
 class Context(Topology):
     """Where this process sits in the job (see :class:`hvdkit.runtime.topology.Topology`), its mode and device.
 
-    ``backend`` is the adapter's mode: ``"torch"`` for :mod:`hvdkit.torch`;
+    ``mode`` is the adapter's mode: ``"torch"`` for :mod:`hvdkit.torch`;
     ``"tensorflow"``, ``"torch"`` or ``"tf_keras"`` for :mod:`hvdkit.keras`.
     ``device`` is in the framework's own type: a ``torch.device``, or a
     TensorFlow device string (``"/GPU:0"``, ``"/CPU:0"``).
     """
 
-    backend: str = "torch"
+    mode: str = "torch"
     device: Any = None
+
+    @property
+    def backend(self) -> str:
+        """Deprecated since 0.1.0's successor: ``mode`` ("backend" also names the Horovod bindings)."""
+        warnings.warn("hvdkit: Context.backend is deprecated and will be removed: use Context.mode",
+                      DeprecationWarning, stacklevel=2)
+        return self.mode
 
 
 @dataclass
@@ -108,7 +116,7 @@ def init(backend: Backend, mode: str, *, adapter: str, seed: int | None = None, 
                         "operation, or leave threads unset")
     # use_gpu=False only by choice: a rank that lost its GPU still joins as blind, so the mixed job stops
     gpu, device = backend.pin(where["rank"], where["local_rank"], where["local_size"], use_gpu=not cpu_chosen)
-    _process = _Process(backend, Context(**where, gpu=gpu, backend=mode, device=device), adapter, seed_hook)
+    _process = _Process(backend, Context(**where, gpu=gpu, mode=mode, device=device), adapter, seed_hook)
     if gpu is not None and where["local_rank"] == 0:   # a GPU job: one line a host, never on the CPU
         warning = small_shm_warning(shm_bytes())
         if warning:

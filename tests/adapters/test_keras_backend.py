@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.keras.backend import BackendError, resolve_backend, use_backend
+from hvdkit.keras.mode import BackendError, resolve_backend, use_backend
 
 pytestmark = pytest.mark.adapters
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 # Lower layers never import higher ones. Packages on one layer never import each other: the two adapters,
 # and the rank's runtime and the launching machine's ops (what both need lives in common).
-LAYER = {"common": 0, "argtypes": 0, "examples": 1, "runtime": 1, "ops": 1, "backends": 2, "torch": 3, "keras": 3,
+LAYER = {"argtypes": -1, "common": 0, "examples": 1, "runtime": 1, "ops": 1, "backends": 2, "torch": 3, "keras": 3,
          "bench": 4, "cli": 5, "selfcheck": 6, "__main__": 6}   # the two programs
 
 

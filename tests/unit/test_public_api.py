@@ -63,3 +63,23 @@ def test_the_examples_import_only_the_public_api():
             for name in names:
                 if name.split(".")[0] == "hvdkit":
                     assert name in public, f"{path.name} imports {name}, which API.md does not document"
+
+
+def test_a_renamed_name_still_answers_with_a_deprecation_warning():
+    from hvdkit.runtime.context import Context
+
+    ctx = Context(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, mode="tensorflow")
+    with pytest.warns(DeprecationWarning, match="Context.mode"):
+        assert ctx.backend == "tensorflow"
+
+
+def test_the_old_argtypes_path_still_imports_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("hvdkit.common.argtypes", None)
+    with pytest.warns(DeprecationWarning, match="import hvdkit.argtypes"):
+        old = importlib.import_module("hvdkit.common.argtypes")
+    from hvdkit.argtypes import positive_int
+
+    assert old.positive_int is positive_int

@@ -14,7 +14,7 @@ import numpy as np
 from keras_common import parse_args
 from rank_results import write_result
 
-from hvdkit.keras.backend import use_backend
+from hvdkit.keras.mode import use_backend
 
 p = argparse.ArgumentParser()
 p.add_argument("--task", choices=["local_source", "warmup_callback"], required=True)

@@ -94,7 +94,7 @@ else:
             after_first["model"] = digest(model.get_weights())
             after_first["optimizer"] = digest([to_numpy(v) for v in variables_of(opt)])
 
-result = {"rank": ctx.rank, "size": ctx.size, "backend": ctx.backend, "initial": digest(initial),
+result = {"rank": ctx.rank, "size": ctx.size, "backend": ctx.mode, "initial": digest(initial),
           "after_first": after_first, "final": digest(model.get_weights()),
           "optimizer_class": type(opt).__name__}
 if ctx.rank == 0:

@@ -97,7 +97,7 @@ every_rank = hk.hvd.allgather_object(grads, name="grads")
 mean_grads = [np.mean([rank_grads[i] for rank_grads in every_rank], axis=0) for i in range(len(grads))]
 
 result = {
-    "size": ctx.size, "backend": ctx.backend, "layer": type(bn).__name__, "module": type(bn).__module__,
+    "size": ctx.size, "backend": ctx.mode, "layer": type(bn).__name__, "module": type(bn).__module__,
     "output_diff": max_diff([out], [ref_out[mine]]),
     "stats_diff": max_diff(moving_stats(bn), moving_stats(ref_bn)),
     "grad_diff": max_diff(mean_grads, ref_grads),
