@@ -24,17 +24,9 @@ from hvdkit.runtime.topology import NoGPUError
 from hvdkit.torch import elastic
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
-from hvdkit.torch.data import (
-    ResumableDistributedSampler,
-    ShardSampler,
-    allreduce_sum,
-    distributed_loader,
-    eval_loader,
-    evaluate,
-    shard_arrays,
-)
-from hvdkit.torch.metrics import torchmetrics_sync
-from hvdkit.torch.optim import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
+from hvdkit.torch.data import ResumableDistributedSampler, ShardSampler, distributed_loader, eval_loader, shard_arrays
+from hvdkit.torch.metrics import allreduce_sum, evaluate, torchmetrics_sync
+from hvdkit.torch.optimizer import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 from hvdkit.torch.stragglers import report_stragglers
 
 SyncBatchNorm = hvd.SyncBatchNorm

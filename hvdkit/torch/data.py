@@ -1,4 +1,4 @@
-"""Data sharding and exact distributed evaluation (``metric_average`` is the core's, shared with Keras).
+"""Data sharding: each rank its own part of the training set, and all of the evaluation set between them.
 
 Example::
 
@@ -7,7 +7,7 @@ Example::
     for epoch in range(epochs):
         train_loader.sampler.set_epoch(epoch)   # a new shuffle each epoch, the same on every rank
         ...
-    metrics = hk.evaluate(model, test_loader)   # {"loss", "accuracy", "count"} over the whole test set
+    metrics = hk.evaluate(model, test_loader)   # exact over the whole test set (hvdkit/torch/metrics.py)
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import random
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import (
     ConcatDataset,
     DataLoader,
@@ -34,7 +33,6 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
 from hvdkit.runtime.datacheck import same_everywhere
@@ -50,7 +48,6 @@ from hvdkit.runtime.sharding import (
 from hvdkit.runtime.topology import loader_workers
 from hvdkit.torch.checkpoint import tensor_bytes
 from hvdkit.torch.context import ADAPTER, current
-from hvdkit.torch.stragglers import report_stragglers
 
 log = logging.getLogger("hvdkit.torch")
 
@@ -225,43 +222,6 @@ def eval_loader(dataset: Dataset, batch_size: int, **loader_kwargs) -> DataLoade
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(2_000_003 + ctx.rank))
     return DataLoader(dataset, batch_size=batch_size, sampler=ShardSampler(len(dataset), ctx.rank, ctx.size),
                       **loader_kwargs)
-
-
-def allreduce_sum(values: list[float] | torch.Tensor, name: str) -> torch.Tensor:
-    """Sum a small vector of numbers over all ranks, in float64 so counts stay exact."""
-    tensor = torch.as_tensor(values, dtype=torch.float64).cpu()
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader, *, loss_fn=F.cross_entropy) -> dict[str, float]:
-    """Loss and accuracy over the whole dataset behind ``loader``'s shards, exact across ranks.
-
-    Each rank sums loss and correct predictions over its shard; the sums and
-    counts are added over ranks, so the result equals a single-process pass.
-    It also reports a straggler rank for the steps since the last call (:func:`report_stragglers`).
-
-    ``loss_fn(outputs, targets, reduction="sum")`` is called on the model's
-    raw outputs, as torch's functional losses take it: ``F.cross_entropy``
-    for logits, ``F.nll_loss`` for a model ending in ``log_softmax``.
-    Accuracy compares ``outputs.argmax(1)`` with the targets.
-    """
-    device = current().device
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)      # loss sum, correct, count
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        out = model(x)
-        totals[0] += loss_fn(out, y, reduction="sum").item()
-        totals[1] += (out.argmax(dim=1) == y).sum().item()
-        totals[2] += y.numel()
-    model.train(was_training)
-    loss_sum, correct, count = allreduce_sum(totals, name="hvdkit.evaluate").tolist()
-    report_stragglers()            # once an epoch on every rank, as evaluate is: one small allgather
-    if count == 0:
-        return {"loss": math.nan, "accuracy": math.nan, "count": 0}
-    return {"loss": loss_sum / count, "accuracy": correct / count, "count": int(count)}
 
 
 def check_loader_sharded() -> bool:

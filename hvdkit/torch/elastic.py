@@ -40,8 +40,8 @@ import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.elastic import ElasticCommits, run
+from hvdkit.torch.averaging import abandon_window
 from hvdkit.torch.context import current
-from hvdkit.torch.optim import abandon_window
 from hvdkit.torch.tensors import to_cpu
 
 

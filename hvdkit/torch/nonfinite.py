@@ -31,7 +31,7 @@ class NonFiniteCheck:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, accumulator in zip(params, optimizer._grad_accs):
             self.watch(p, accumulator)
-        optimizer._hvdkit_accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.optim hooks later
+        optimizer._hvdkit_accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.optimizer hooks later
         optimizer.register_step_pre_hook(self._before_step)
         optimizer._hvdkit_nonfinite = self
 
@@ -55,7 +55,7 @@ class NonFiniteCheck:
             return
         own, self.own = self.own, []     # (a step a GradScaler skipped leaves them to the next: a stale name at worst)
         self.steps += 1
-        optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optim)
+        optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optimizer)
         # Only what was averaged, so every rank sees the same values and takes the same branch.
         averaged = optimizer._requires_update
         grads = [p.grad for g in optimizer.param_groups for p in g["params"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import hvdkit.torch.optim as optim
+import hvdkit.torch.optimizer as optim
 from hvdkit.runtime.lr import warmup_lr
 
 pytestmark = pytest.mark.adapters
