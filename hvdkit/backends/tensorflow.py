@@ -71,6 +71,30 @@ class TensorFlowBackend(Backend):
     def broadcast_tensors(self, named: Sequence[tuple[str, tf.Tensor]], root_rank: int) -> list[tf.Tensor]:
         return [hvd.broadcast(t, root_rank, name=f"hvdkit.bcast.{n}") for n, t in named]
 
+    def allreduce(self, tensor, op: str, name: str | None = None):
+        return hvd.allreduce(tensor, op=self.reduce_op(op), name=name)
+
+    def grouped_allreduce(self, tensors: Sequence[tf.Tensor], op: str, compression: str = "none") -> list:
+        kwargs = {"op": self.reduce_op(op), "compression": self.compression(compression)}
+        if op == "adasum":
+            # Horovod 0.28.1's grouped_allreduce reads an unset name on its Adasum path
+            # ("UnboundLocalError: ... 'tensor'"); its allreduce does not.
+            return [hvd.allreduce(t, **kwargs) for t in tensors]
+        return hvd.grouped_allreduce(list(tensors), **kwargs)
+
+    def grouped_allgather(self, tensors: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
+        return hvd.grouped_allgather(list(tensors), name=name) if tensors else []
+
+    def gather_to(self, root: int, tensors: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
+        out = []
+        for n, piece in enumerate(tensors):
+            splits = [0] * hvd.size()
+            splits[root] = int(tf.size(piece))
+            received = hvd.alltoall(piece, splits=splits, name=f"{name}.{n}")[0]
+            if hvd.rank() == root:
+                out.append(received)
+        return out
+
     def collective_failure(self, exc: BaseException) -> bool:
         # Horovod's TensorFlow decorator only recognises failures of its plain allreduce/allgather/
         # broadcast ops; hvdkit's Keras optimizer uses the grouped allreduce, whose failure

@@ -57,3 +57,22 @@ class TorchBackend(Backend):
             for handle in handles:
                 hvd.synchronize(handle)
         return [t for _, t in named]
+
+    def allreduce(self, tensor, op: str, name: str | None = None):
+        return hvd.allreduce(tensor, op=self.reduce_op(op), name=name)
+
+    def grouped_allreduce(self, tensors: Sequence[torch.Tensor], op: str, compression: str = "none") -> list:
+        return hvd.grouped_allreduce(list(tensors), op=self.reduce_op(op), compression=self.compression(compression))
+
+    def grouped_allgather(self, tensors: Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
+        return hvd.grouped_allgather(list(tensors), name=name) if tensors else []
+
+    def gather_to(self, root: int, tensors: Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
+        # Every alltoall is started before the first is waited for: what root receives is each tensor whole.
+        handles = []
+        for n, piece in enumerate(tensors):
+            splits = torch.zeros(hvd.size(), dtype=torch.int32)
+            splits[root] = piece.numel()
+            handles.append(hvd.alltoall_async(piece, splits=splits, name=f"{name}.{n}"))
+        gathered = [hvd.synchronize(h)[0] for h in handles]
+        return gathered if hvd.rank() == root else []

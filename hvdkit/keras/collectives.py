@@ -60,13 +60,7 @@ def allreduce_gradients(backend: Backend, grads: list, op: str, compression: str
     index = [i for i, g in enumerate(grads) if g is not None]
     if not index:
         return list(grads)
-    kwargs = {"op": backend.reduce_op(op), "compression": backend.compression(compression)}
-    if op == "adasum" and backend.framework == "TensorFlow":
-        # Horovod 0.28.1's TensorFlow grouped_allreduce reads an unset name on its Adasum path (every fit
-        # stopped with "UnboundLocalError: ... 'tensor'"); its allreduce does not.
-        reduced = [backend.hvd.allreduce(grads[i], **kwargs) for i in index]
-    else:
-        reduced = backend.hvd.grouped_allreduce([grads[i] for i in index], **kwargs)
+    reduced = backend.grouped_allreduce([grads[i] for i in index], op, compression)
     out = list(grads)
     for i, r in zip(index, reduced):
         out[i] = r
@@ -75,4 +69,4 @@ def allreduce_gradients(backend: Backend, grads: list, op: str, compression: str
 
 def allreduce_sum(backend: Backend, tensor):
     """Differentiable sum over ranks: Horovod's gradient of an allreduce is the allreduce of the gradient."""
-    return backend.hvd.allreduce(tensor, op=backend.hvd.Sum)
+    return backend.allreduce(tensor, "sum")

@@ -58,7 +58,7 @@ class ElasticState(ElasticCommits, ObjectState):
         self._named = named_variables(model, optimizer)        # builds the optimizer's slots
         b = backend()
         super().__init__(bcast_object=lambda obj: b.broadcast_object(obj, 0, "hvdkit.elastic.state"),
-                         get_rank=b.hvd.rank, epoch=epoch, step=step, consumed=0, **kwargs)
+                         get_rank=b.rank, epoch=epoch, step=step, consumed=0, **kwargs)
         self._save_variables()
         self.register_reset_callbacks([self._after_reset])
         self._after_reset()

@@ -140,7 +140,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
         # The loss scale's optimizer unscales the averaged gradients and skips a non-finite step whole, on
         # every rank alike; the optimizer inside it is the one that keeps slices.
         plain = getattr(optimizer, "inner_optimizer", None) or optimizer
-        shard(plain, keras, b.hvd, ctx.rank, ctx.size)
+        shard(plain, keras, b, ctx.rank, ctx.size)
         base = type(optimizer)
         if plain is not optimizer:      # a LossScaleOptimizer stores its inner optimizer's variables in Keras's files
             keras_files = keras_file_methods(base, keras, ctx.size)

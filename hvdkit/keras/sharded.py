@@ -44,6 +44,7 @@ import numpy as np
 
 from hvdkit.common.errors import UserError
 from hvdkit.keras.collectives import variable_numpy, variable_value
+from hvdkit.runtime import sharding
 from hvdkit.runtime.sharding import slice_range
 
 # Keras's optimizers whose update of an element reads only that element's gradient and slots (plus scalars
@@ -74,8 +75,8 @@ def check_supported(optimizer) -> None:
 class Slices:
     """The variables an optimizer was built for, this rank's slice of each, and which slot belongs to which."""
 
-    def __init__(self, variables: list, rank: int, size: int, keras, hvd):
-        self.keras, self.hvd, self.rank, self.size = keras, hvd, rank, size
+    def __init__(self, variables: list, rank: int, size: int, keras, backend):
+        self.keras, self.backend, self.rank, self.size = keras, backend, rank, size
         self.variables = list(variables)
         self.index = {id(v): k for k, v in enumerate(self.variables)}
         self.ranges = [slice_range(math.prod(v.shape), rank, size) for v in self.variables]
@@ -119,30 +120,18 @@ class Slices:
         """Every rank's slice of variables ``ks`` (``values``: this rank's), whole and shaped like the variables."""
         if not ks:
             return []
-        gathered = self.hvd.grouped_allgather([variable_value(v) for v in values], name="hvdkit.shards")
+        gathered = self.backend.grouped_allgather([variable_value(v) for v in values], name="hvdkit.shards")
         return [self.keras.ops.reshape(full, self.variables[k].shape) for k, full in zip(ks, gathered)]
 
     def gather_to(self, root: int, ks: list[int], values: list) -> list:
-        """As :meth:`gather`, on rank ``root`` alone (numpy); [] elsewhere. Horovod has no gather: one alltoall
-        per slot, every rank sending its slice to ``root`` and nothing to the others, so a rank that does not
-        write holds no copy of the whole state (:meth:`hvdkit.torch.sharded.Shards._gather_to`)."""
-        ops = self.keras.ops
-        out = []
-        for n, (k, value) in enumerate(zip(ks, values)):
-            piece = variable_value(value)
-            splits = [0] * self.size
-            splits[root] = int(ops.size(piece))
-            if self.keras.backend.backend() == "torch":      # horovod.torch takes the splits as a tensor
-                import torch
-
-                splits = torch.tensor(splits, dtype=torch.int32)
-            received = self.hvd.alltoall(piece, splits=splits, name=f"hvdkit.shards.gather.{n}")[0]
-            if self.rank == root:
-                out.append(ops.convert_to_numpy(received).reshape(tuple(self.variables[k].shape)))
-        return out
+        """As :meth:`gather`, on rank ``root`` alone (numpy); [] elsewhere, with no copy of the whole state."""
+        pieces = [variable_value(v) for v in values]
+        received = self.backend.gather_to(root, pieces, name="hvdkit.shards.gather")
+        return [self.keras.ops.convert_to_numpy(full).reshape(tuple(self.variables[k].shape))
+                for k, full in zip(ks, received)]
 
 
-def shard(optimizer, keras, hvd, rank: int, size: int):
+def shard(optimizer, keras, backend, rank: int, size: int):
     """Make ``optimizer`` (a plain Keras 3 optimizer, not built yet) keep this rank's slices only, in place.
 
     Its class is swapped for a subclass of the same name and module (as
@@ -156,7 +145,8 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
         if self.built:
             return
         variables = list(variables)
-        self._hvdkit_slices = Slices(variables, rank, size, keras, hvd)   # a plain object: Keras tracks no list in it
+        # A plain object: Keras tracks no list in it.
+        self._hvdkit_slices = Slices(variables, rank, size, keras, backend)
         base.build(self, self._hvdkit_slices.slices)
 
     def _use_weight_decay(self, variable):
@@ -224,7 +214,7 @@ def shard(optimizer, keras, hvd, rank: int, size: int):
         dtype = max((keras.backend.standardize_dtype(grads[i].dtype) for i in present),
                     key=lambda d: 2 if d == "bfloat16" else np.dtype(d).itemsize)
         sums = ops.stack([ops.cast(ops.sum(ops.square(grads[i])), dtype) for i in present])
-        sums = hvd.allreduce(variable_value(sums), op=hvd.Sum, name="hvdkit.shards.norms")
+        sums = backend.allreduce(variable_value(sums), "sum", name="hvdkit.shards.norms")
         out = list(grads)
         if self.clipnorm and self.clipnorm > 0:
             # Keras's _clip_by_norm, written as it is (on torch its clipnorm is a float32 tensor, whose rounding
@@ -329,24 +319,9 @@ def check_same_loads(optimizer, backend, caller: str) -> None:
     unsharded state) would leave the other ranks' slices as they were, silently; and a rank that saves alone
     waits here, in a collective named after the call, which hvdkit launch's deadlock line names."""
     slices = sharded_part(optimizer).__dict__.get("_hvdkit_slices")
-    alone = (f"{caller} with shard_optimizer_state is collective (every rank sends its slices), and the other ranks "
-             "did not call it with this one: call it on every rank, not under `if ctx.is_main:`")
-    try:
-        loads = backend.allgather_object((caller, None if slices is None else slices.loads),
-                                         name=f"{caller}.sharded_state")
-    except Exception as exc:  # noqa: BLE001 - Horovod shut down under it: the others had ended
-        if "shut down" in str(exc) or type(exc).__name__ == "HorovodInternalError":
-            raise UserError(alone) from exc
-        raise
-    # On TensorFlow, eager collectives pair up in call order, whatever their names: a rank that called another
-    # collective (the next fit's data check) sent something else.
-    if any(not (isinstance(x, tuple) and len(x) == 2 and x[0] == caller) for x in loads):
-        raise UserError(alone)
-    loads = [x[1] for x in loads]
-    if len(set(loads)) > 1:
-        raise UserError(f"the ranks loaded different optimizer states (slot entries loaded per rank: {loads}): with "
-                        "shard_optimizer_state, load on every rank (hk.load_checkpoint does; model.load_weights "
-                        "too, called on every rank, not under `if ctx.is_main:`)")
+    sharding.check_same_loads(backend, caller, None if slices is None else slices.loads,
+                              "hk.load_checkpoint does; model.load_weights too, called on every rank, not under "
+                              "`if ctx.is_main:`")
 
 
 def gather_whole(entries: list, root: int) -> list | None:

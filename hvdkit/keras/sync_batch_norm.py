@@ -53,7 +53,7 @@ def layer_class(mode: str):
             self.supports_jit = False
 
         def _moments(self, inputs, mask):
-            if backend.hvd.size() == 1:
+            if backend.size() == 1:
                 return super()._moments(inputs, mask)
             axes = self._reduction_axes
             if mask is None:

@@ -63,6 +63,12 @@ class Backend(ABC):
                             f"compression='fp16'")
         return compressor
 
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    def size(self) -> int:
+        return self.hvd.size()
+
     def topology(self) -> dict[str, int]:
         """rank, size, local and cross ranks and sizes, as Horovod reports them now."""
         h = self.hvd
@@ -128,4 +134,26 @@ class Backend(ABC):
 
         torch tensors are overwritten in place (and returned); TensorFlow's
         are immutable, so the caller assigns the returned values.
+        """
+
+    # -- tensors in the framework's own type: the adapters' collectives --------------------
+    @abstractmethod
+    def allreduce(self, tensor, op: str, name: str | None = None):
+        """``tensor`` reduced over ranks with one of :data:`OPS`' names; differentiable where Horovod's is."""
+
+    @abstractmethod
+    def grouped_allreduce(self, tensors: Sequence, op: str, compression: str = "none") -> list:
+        """Gradients reduced together, which Horovod fuses into few buffers (``op`` one of :data:`GRADIENT_OPS`)."""
+
+    @abstractmethod
+    def grouped_allgather(self, tensors: Sequence, name: str) -> list:
+        """Each tensor with every rank's rows, in rank order (1-D slices of a whole, for sharded state)."""
+
+    @abstractmethod
+    def gather_to(self, root: int, tensors: Sequence, name: str) -> list:
+        """Each of ``tensors`` (this rank's 1-D slices) whole on ``root``, in rank order; ``[]`` on the others.
+
+        Horovod has no gather: this is its alltoall, every rank sending its
+        slice to ``root`` and nothing to the others, so a rank that does not
+        write keeps no copy of the whole (a sharded optimizer's checkpoint).
         """

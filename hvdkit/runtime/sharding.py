@@ -142,3 +142,33 @@ def check_batch_size(batch_size) -> None:
     """A batch of at least one sample, as both adapters' loaders take it."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise UserError(f"batch_size must be an integer of at least 1, got {batch_size!r}")
+
+
+def check_same_loads(backend, caller: str, held, fix: str) -> None:
+    """Before sharded optimizer state is gathered: every rank is in this call, and every rank loaded the same.
+
+    ``held`` is this rank's summary of what it loaded (equal on ranks that loaded
+    the same state); ``fix`` says, in the adapter's terms, how to load on every
+    rank. One small allgather, named after ``caller`` so that a deadlock line
+    names the call. A rank left alone in it, because the others had finished or
+    called something else, raises one line naming the call instead of waiting.
+    """
+    def alone(why: str) -> UserError:
+        return UserError(f"{caller} is collective with shard_optimizer_state (every rank sends its slices), and "
+                         f"{why}: call it on every rank, not under `if ctx.is_main:` (only rank 0 writes the file)")
+
+    try:
+        gathered = backend.allgather_object((caller, held), name=f"{caller}.sharded_state")
+    except Exception as exc:
+        if "shut down" in str(exc):        # the stall inspector ended Horovod: the others never came
+            raise alone("Horovod has been shut down while this rank waited for the others, which had finished or "
+                        "were in another collective") from exc
+        raise                              # a lost rank in an elastic job: its reset handles it
+    # TensorFlow's eager collectives pair up in call order, whatever their names: a rank in another call sent
+    # something else.
+    if any(not (isinstance(x, tuple) and len(x) == 2 and x[0] == caller) for x in gathered):
+        raise alone("the other ranks were in another collective")
+    loads = [x[1] for x in gathered]
+    if len(set(loads)) > 1:
+        raise UserError(f"the ranks hold different optimizer states (per rank: {loads}): with "
+                        f"shard_optimizer_state, load on every rank ({fix})")

@@ -39,9 +39,10 @@ from torch.utils.data import DataLoader, Dataset
 import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
+from hvdkit.runtime import context
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.averaging import abandon_window
-from hvdkit.torch.context import current
+from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.tensors import to_cpu
 
 
@@ -149,8 +150,8 @@ class GradScalerHandler(hvd.elastic.state.StateHandler):
 
     def sync(self):
         if self.value.is_enabled():
-            self.value.load_state_dict(hvd.broadcast_object(self.value.state_dict(), root_rank=0,
-                                                            name="hvdkit.elastic.scaler"))
+            self.value.load_state_dict(_backend().broadcast_object(self.value.state_dict(), root_rank=0,
+                                                                   name="hvdkit.elastic.scaler"))
         self.save()
 
 
@@ -191,15 +192,16 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
 
     def recut(self):
         """After a reset: cut the slices for this rank and size from the last commit, if the layout changed."""
-        now = (hvd.rank(), hvd.size())
+        now = (_backend().rank(), _backend().size())
         if sharded.layout(self.value) != now:
             sharded.reshard(self.value, *now, self._committed())
 
     def sync(self):
         self.recut()                    # also when a plain hvd.elastic.TorchState holds this optimizer
-        rank = hvd.rank()
-        held = hvd.allgather_object(self._commits if self._saved_optimizer_state is not None else None,
-                                    name="hvdkit.elastic.shards")
+        backend = _backend()
+        rank = backend.rank()
+        held = backend.allgather_object(self._commits if self._saved_optimizer_state is not None else None,
+                                        name="hvdkit.elastic.shards")
         if None not in held and len(set(held)) == 1:
             return                      # every rank holds the same commit, cut for it (a failure, no new worker)
         holders = [r for r, commits in enumerate(held) if commits is not None]
@@ -212,9 +214,9 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
             state = (to_cpu({**self._saved_optimizer_state,
                              "param_groups": torch.optim.Optimizer.state_dict(self.value)["param_groups"]}),
                      self._commits)
-        state, self._commits = hvd.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
+        state, self._commits = backend.broadcast_object(state, root_rank=root, name="hvdkit.elastic.shards.state")
         if rank != root:
-            sharded.reshard(self.value, rank, hvd.size(), state)
+            sharded.reshard(self.value, rank, backend.size(), state)
         self._saved_optimizer_state = state
 
 
@@ -227,6 +229,10 @@ def _detached(state_dict: dict) -> dict:
 
     return {"param_groups": copy.deepcopy(state_dict["param_groups"]),
             "state": {i: {k: own(k, v) for k, v in entry.items()} for i, entry in state_dict["state"].items()}}
+
+
+def _backend():
+    return context.backend(ADAPTER)       # also between an elastic reset's shutdown and init
 
 
 class _ShardedOptimizer(type):

@@ -31,11 +31,11 @@ from __future__ import annotations
 import inspect
 
 import torch
-from horovod.common.exceptions import HorovodInternalError
 
-from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
-from hvdkit.runtime.sharding import slice_range
+from hvdkit.runtime import context
+from hvdkit.runtime.sharding import check_same_loads, slice_range
+from hvdkit.torch.context import ADAPTER
 
 # torch's optimizers whose update of an element reads only that element's gradient and state.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
@@ -65,6 +65,7 @@ class Shards:
     def __init__(self, optimizer: torch.optim.Optimizer, original: type, rank: int, size: int):
         check_supported(original)
         self.optimizer, self.original, self.rank, self.size = optimizer, original, rank, size
+        self.backend = context.backend(ADAPTER)
         self.user_loads = 0         # optimizer.load_state_dict calls by the script: the same count on every rank
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.ranges, self.views = [], []
@@ -107,7 +108,7 @@ class Shards:
                 shared.append((p, view))
         self.inner.step()
         if shared:
-            gathered = hvd.grouped_allgather([view.contiguous() for _, view in shared], name="hvdkit.shards")
+            gathered = self.backend.grouped_allgather([view.contiguous() for _, view in shared], name="hvdkit.shards")
             for (p, _), full in zip(shared, gathered):
                 p.detach().view(-1).copy_(full)
         for view in self.views:
@@ -123,7 +124,7 @@ class Shards:
 
         On every rank (an allgather), or with ``root`` on that rank alone, the others returning None: a
         checkpoint's save needs it on the rank that writes, and each other rank then holds only its own
-        slices, not one more copy of the whole state (:meth:`_gather_to`). ``caller`` names the first
+        slices, not one more copy of the whole state (the backend's ``gather_to``). ``caller`` names the first
         collective, so that a deadlock (a save on rank 0 alone) names the call in Horovod's message."""
         packed = torch.optim.Optimizer.state_dict(self.optimizer)      # param_groups; its own state is empty
         entries, slices = [], []
@@ -133,29 +134,16 @@ class Shards:
                     entries.append((i, key))
                     slices.append(value.detach().cpu().contiguous())    # gathered in host memory, not the GPU's
         # Every rank must hold the same entries, or the gathering below would wait forever; and every rank must
-        # have loaded the same states (a load on rank 0 alone, then broadcast_state, mixed rank 0's new slice
-        # with the others' old ones, silently, where each already held state).
-        try:
-            counts = hvd.allgather_object((len(entries), self.user_loads), name=f"{caller}.sharded_state")
-        except HorovodInternalError as exc:
-            if "shut down" not in str(exc):
-                raise
-            # The others never came: they had finished (a last save under `if ctx.is_main:`, the DDP habit), or
-            # waited in another collective until the stall inspector shut Horovod down (a save mid-training).
-            raise UserError(f"{caller.split('.sharded')[0]} is collective with shard_optimizer_state (every rank "
-                            "sends its slices), and Horovod has been shut down while this rank waited for the "
-                            "others, which had finished or were in another collective: call it on every rank, "
-                            "not under `if ctx.is_main:` (only rank 0 writes the file)") from exc
-        if len(set(counts)) > 1:
-            raise UserError(f"the ranks hold different optimizer states ((entries, loads) per rank: {counts}): with "
-                            "shard_optimizer_state, load the state on every rank (hk.load_checkpoint and "
-                            "hk.broadcast_state do; optimizer.load_state_dict on rank 0 alone does not)")
+        # have loaded the same states, or rank 0's new slice would be mixed with the others' old ones.
+        check_same_loads(self.backend, caller, (len(entries), self.user_loads),
+                         "hk.load_checkpoint and hk.broadcast_state do; optimizer.load_state_dict on rank 0 alone "
+                         "does not")
         if root is not None:
-            gathered = self._gather_to(root, entries, slices)
+            gathered = self.backend.gather_to(root, slices, name="hvdkit.shards.gather")
             if self.rank != root:
                 return None
         else:
-            gathered = hvd.grouped_allgather(slices, name="hvdkit.shards.state") if slices else []
+            gathered = self.backend.grouped_allgather(slices, name="hvdkit.shards.state")
         state = {}
         for i, view in enumerate(self.views):
             inner = self.inner.state.get(view)
@@ -165,20 +153,6 @@ class Shards:
             state[i][key] = full.view_as(self.params[i])
         packed["state"] = state
         return packed
-
-    def _gather_to(self, root: int, entries: list, slices: list) -> list:
-        """Every rank's ``slices`` whole on ``root`` (each entry's slices in rank order); [] elsewhere.
-
-        Horovod has no gather, so this is its alltoall with every rank sending its slice of an entry to
-        ``root`` and nothing to the others, which receive nothing: one alltoall per entry, all started before
-        the first is waited for, so that what ``root`` receives is the entry whole, with no copy to assemble."""
-        handles = []
-        for n, piece in enumerate(slices):
-            splits = torch.zeros(self.size, dtype=torch.int32)
-            splits[root] = piece.numel()
-            handles.append(hvd.alltoall_async(piece, splits=splits, name=f"hvdkit.shards.gather.{n}"))
-        gathered = [hvd.synchronize(h)[0] for h in handles]
-        return gathered if self.rank == root else []
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Take an unsharded optimizer's state_dict (from any world size, sharded or not): keep this rank's slices.
