@@ -31,6 +31,7 @@ from hvdkit.keras.collectives import variable_numpy
 from hvdkit.keras.context import backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
 from hvdkit.keras.sharded import check_same_loads, gather_whole, sharded_part
+from hvdkit.runtime import context
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
@@ -40,7 +41,8 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
 
 log = logging.getLogger("hvdkit.keras")
 
@@ -77,10 +79,11 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.mode,
               "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
               "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
-    if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume
-        header["lr_scale"] = job_lr_scale(ctx, getattr(optimizer, "_hvdkit_op", "average"))  # at scale_lr's rate
-    if getattr(optimizer, "_hvdkit_warmup_target", None) is not None:    # hk.callbacks' warmup: where it goes
-        header["warmup_target"] = float(optimizer._hvdkit_warmup_target)
+    if optimizer is not None and context.scales_lr():   # the rates' scale, so another world size can resume
+        header["lr_scale"] = job_lr_scale(ctx, op_of(optimizer))  # at scale_lr's rate
+    warmup_target = None if optimizer is None else (record_of(optimizer) or OptimizerRecord()).warmup_target
+    if warmup_target is not None:    # hk.callbacks' warmup: where it goes
+        header["warmup_target"] = float(warmup_target)
     header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
     header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
     arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
@@ -149,8 +152,8 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
             saved = [n for n, _ in named]
         _assign_by_name(where, part, named, dict(zip(saved, body[part])))
     if optimizer is not None:
-        op = getattr(optimizer, "_hvdkit_op", "average")
-        scaled = header.get("lr_scale") if script_scales_lr() else None   # a fixed-rate script keeps its rate
+        op = op_of(optimizer)
+        scaled = header.get("lr_scale") if context.scales_lr() else None   # a fixed-rate script keeps its rate
         factor = resume_lr_factor(scaled, header.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
                                   on_resize=on_resize, path=f"checkpoint {where!r}")
         # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
@@ -161,7 +164,7 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
             if ctx.is_main:
                 log.warning(resumed_rate_line(header.get("world_size"), ctx.size, before, before * factor))
         if header.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size
-            optimizer._hvdkit_warmup_target = header["warmup_target"] * factor
+            attach(optimizer, warmup_target=header["warmup_target"] * factor)
     return header["extra"]
 
 

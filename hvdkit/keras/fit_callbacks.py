@@ -42,6 +42,7 @@ from hvdkit.runtime.checkpoint_files import is_directory_target
 from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.runtime.lr import warmup_lr
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
 from hvdkit.runtime.preemption import PreemptionGuard
 
 log = logging.getLogger("hvdkit.keras")
@@ -317,8 +318,9 @@ def _learning_rate_warmup(keras) -> type:
             if self.target is None:
                 # A resumed job's optimizer holds the rate its checkpoint saved, mid-warmup a lower one: the
                 # checkpoint carries the target (hvdkit.keras.checkpoint), rescaled for this world size.
-                self.target = getattr(optimizer, "_hvdkit_warmup_target", None) or get_learning_rate(optimizer)
-            optimizer._hvdkit_warmup_target = self.target
+                self.target = (record_of(optimizer) or OptimizerRecord()).warmup_target or \
+                    get_learning_rate(optimizer)
+            attach(optimizer, warmup_target=self.target)
             self.data = _batches_of(self.model)
             self.batches = 0
 

@@ -19,6 +19,7 @@ from hvdkit.keras.mode import keras_module
 from hvdkit.keras.sharded import SlotSlice, check_same_loads, keras_file_methods, shard, sharded_part, whole_view
 from hvdkit.keras.stragglers import AllreduceTimer
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
 from hvdkit.runtime.state import check_weights_agree, weights_check_applies, weights_digest
 
 
@@ -32,7 +33,7 @@ def is_distributed(optimizer) -> bool:
     ``compile`` wraps the optimizer in a ``LossScaleOptimizer`` when the model's
     dtype policy is mixed but was not when :func:`DistributedOptimizer` ran.
     """
-    if bool(getattr(optimizer, "_hvdkit_distributed", False)) or type(optimizer).__module__.startswith("horovod."):
+    if (record_of(optimizer) or OptimizerRecord()).distributed or type(optimizer).__module__.startswith("horovod."):
         return True
     inner = getattr(optimizer, "inner_optimizer", None)
     return inner is not None and inner is not optimizer and is_distributed(inner)
@@ -62,7 +63,7 @@ def check_distributed(optimizer) -> None:
 def check_loss_scale_inside(optimizer) -> None:
     """Raise if a ``LossScaleOptimizer`` wraps hvdkit's distributed optimizer instead of sitting inside it."""
     inner = getattr(optimizer, "inner_optimizer", None)
-    if inner is not None and not getattr(optimizer, "_hvdkit_distributed", False) and is_distributed(inner):
+    if inner is not None and not (record_of(optimizer) or OptimizerRecord()).distributed and is_distributed(inner):
         # compile's LossScaleOptimizer, outside the averaging: each rank would check its own gradients, and a rank
         # that skips an overflowing step leaves the others waiting in its allreduce.
         raise UserError("a LossScaleOptimizer wraps hk.DistributedOptimizer (the script's own, or compile's when the "
@@ -122,7 +123,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             return horovods_apply(grads_and_vars, *args, **kwargs)
 
         wrapped.apply_gradients = apply_gradients
-        wrapped._hvdkit_op = op       # the learning rate's scaling rule, for a checkpoint resumed on another size
+        attach(wrapped, op=op)        # the learning rate's scaling rule, for a checkpoint resumed on another size
         return wrapped
     if backward_passes_per_step != 1:
         raise UserError("backward_passes_per_step is for tf-keras; in Keras 3 create the optimizer with "
@@ -157,7 +158,7 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             checked.append(True)
             sharded = sharded_part(self)    # built on slices of the variables: check the variables
             check_weights_at_first_step(trainable_variables if trainable_variables is not None else
-                                        sharded._hvdkit_slices.variables if sharded is not None and sharded.built
+                                        record_of(sharded).slices.variables if sharded is not None and sharded.built
                                         else self._trainable_variables)
         reduced = timer.around(lambda gs: allreduce_gradients(b, gs, op, compression), list(grads))
         return base.apply(self, reduced, trainable_variables)
@@ -169,9 +170,9 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     # in a process without hvdkit. As "DistributedAdam" of hvdkit.keras.optimizer it
     # failed there: "Could not locate class 'DistributedAdam'".
     optimizer.__class__ = type(base.__name__, (base,),
-                               {"apply": apply, "_hvdkit_distributed": True, "_hvdkit_allreduce_timer": timer,
-                                "_hvdkit_op": op, "__module__": base.__module__, "__qualname__": base.__qualname__,
+                               {"apply": apply, "__module__": base.__module__, "__qualname__": base.__qualname__,
                                 **keras_files})
+    attach(optimizer, distributed=True, op=op, allreduce_timer=timer)
     return optimizer
 
 

@@ -45,6 +45,7 @@ import numpy as np
 from hvdkit.common.errors import UserError
 from hvdkit.keras.collectives import variable_numpy, variable_value
 from hvdkit.runtime import sharding
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
 from hvdkit.runtime.sharding import slice_range
 
 # Keras's optimizers whose update of an element reads only that element's gradient and slots (plus scalars
@@ -145,20 +146,19 @@ def shard(optimizer, keras, backend, rank: int, size: int):
         if self.built:
             return
         variables = list(variables)
-        # A plain object: Keras tracks no list in it.
-        self._hvdkit_slices = Slices(variables, rank, size, keras, backend)
-        base.build(self, self._hvdkit_slices.slices)
+        slices = attach(self, slices=Slices(variables, rank, size, keras, backend)).slices
+        base.build(self, slices.slices)
 
     def _use_weight_decay(self, variable):
         # Asked of a slice: answered for its variable, so that exclude_from_weight_decay(var_list=..., var_names=...)
         # matches as it does unsharded, whether called before the build or after.
-        slices = self.__dict__.get("_hvdkit_slices")
+        slices = _slices(self)
         k = None if slices is None else slices.of_slice.get(id(variable))
         return base._use_weight_decay(self, variable if k is None else slices.variables[k])
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         slot = base.add_variable_from_reference(self, reference_variable, name=name, initializer=initializer)
-        slices = self.__dict__.get("_hvdkit_slices")
+        slices = _slices(self)
         k = None if slices is None else slices.of_slice.get(id(reference_variable))
         if k is not None:
             slices.slot_of[id(slot)] = k
@@ -171,7 +171,7 @@ def shard(optimizer, keras, backend, rank: int, size: int):
             if not self.built:
                 raise UserError("apply(grads) without the variables needs a built optimizer: call "
                                 "optimizer.build(model.trainable_variables) first, or pass the variables")
-            trainable_variables = self._hvdkit_slices.variables
+            trainable_variables = _slices(self).variables
         trainable_variables = list(trainable_variables)
         if len(grads) != len(trainable_variables):
             raise UserError(f"apply got {len(grads)} gradients for {len(trainable_variables)} variables: give one "
@@ -180,7 +180,7 @@ def shard(optimizer, keras, backend, rank: int, size: int):
             with keras.name_scope(self.name):
                 self.build(trainable_variables)
             self.built = True
-        slices = self._hvdkit_slices
+        slices = _slices(self)
         ks = []
         for v in trainable_variables:
             k = slices.index.get(id(v))
@@ -233,8 +233,8 @@ def shard(optimizer, keras, backend, rank: int, size: int):
     optimizer.__class__ = type(base.__name__, (base,), {
         "build": build, "_use_weight_decay": _use_weight_decay,
         "add_variable_from_reference": add_variable_from_reference, "apply": apply, "_clip_gradients": _clip_gradients,
-        **keras_file_methods(base, keras, size), "_hvdkit_sharded": True,
-        "__module__": base.__module__, "__qualname__": base.__qualname__})
+        **keras_file_methods(base, keras, size), "__module__": base.__module__, "__qualname__": base.__qualname__})
+    attach(optimizer, sharded=True)
     return optimizer
 
 
@@ -248,7 +248,7 @@ def keras_file_methods(base: type, keras, size: int) -> dict:
     unsharded job's, or one rank's) loads on every rank, each keeping its slices.
     """
     def save_own_variables(self, store):
-        slices = sharded_part(self).__dict__.get("_hvdkit_slices")
+        slices = _slices(sharded_part(self))
         if slices is None:                 # not built: no state to keep
             return base.save_own_variables(self, store)
         entries = whole_view(self, self.variables)
@@ -277,9 +277,15 @@ def keras_file_methods(base: type, keras, size: int) -> dict:
 def sharded_part(optimizer):
     """The sharded optimizer inside ``optimizer`` (itself, or a LossScaleOptimizer's inner one), or None."""
     for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if candidate is not None and getattr(candidate, "_hvdkit_sharded", False):
+        if candidate is not None and (record_of(candidate) or OptimizerRecord()).sharded:
             return candidate
     return None
+
+
+def _slices(optimizer) -> Slices | None:
+    """The slices a sharded optimizer keeps once built; None before its build."""
+    record = None if optimizer is None else record_of(optimizer)
+    return None if record is None else record.slices
 
 
 class SlotSlice:
@@ -305,10 +311,9 @@ class SlotSlice:
 
 def whole_view(optimizer, variables: list) -> list:
     """``variables`` (the optimizer's, in order) with each slot of a sharded optimizer as a :class:`SlotSlice`."""
-    part = sharded_part(optimizer)
-    if part is None or "_hvdkit_slices" not in part.__dict__:
+    slices = _slices(sharded_part(optimizer))
+    if slices is None:
         return variables
-    slices = part._hvdkit_slices
     return [SlotSlice(v, slices, slices.slot_of[id(v)]) if id(v) in slices.slot_of else v for v in variables]
 
 
@@ -318,7 +323,7 @@ def check_same_loads(optimizer, backend, caller: str) -> None:
     A file loaded on rank 0 alone (``if ctx.is_main: model.load_weights(f)``, then the broadcast that copies an
     unsharded state) would leave the other ranks' slices as they were, silently; and a rank that saves alone
     waits here, in a collective named after the call, which hvdkit launch's deadlock line names."""
-    slices = sharded_part(optimizer).__dict__.get("_hvdkit_slices")
+    slices = _slices(sharded_part(optimizer))
     sharding.check_same_loads(backend, caller, None if slices is None else slices.loads,
                               "hk.load_checkpoint does; model.load_weights too, called on every rank, not under "
                               "`if ctx.is_main:`")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from hvdkit.keras.context import current
+from hvdkit.runtime.optimizer_record import OptimizerRecord, record_of
 from hvdkit.runtime.stragglers import core_wait_s, report_epoch, watch_for
 
 
@@ -67,7 +68,7 @@ def straggler_report(keras, backend) -> type:
             self.steps = 0
 
         def on_train_begin(self, logs=None):
-            self.timer = getattr(type(self.model.optimizer), "_hvdkit_allreduce_timer", None)
+            self.timer = (record_of(self.model.optimizer) or OptimizerRecord()).allreduce_timer
 
         def on_epoch_begin(self, epoch, logs=None):
             self.started, self.steps = None, 0

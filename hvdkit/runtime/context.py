@@ -63,6 +63,7 @@ class _Process:
     context: Context
     adapter: str                                   # "hvdkit.torch" or "hvdkit.keras", for messages
     seed_hook: Callable[[int], None] | None
+    scales_lr: bool = False                        # the script asked for a scaled rate (the adapters' scale_lr)
 
 
 _process: _Process | None = None
@@ -186,6 +187,17 @@ def backend(adapter: str | None = None) -> Backend:
     if _process is None:
         raise _not_initialised(adapter)
     return _process.backend
+
+
+def note_scaled_lr() -> None:
+    """The script asked for a scaled rate: from now on its checkpoints record the scale, and a resume undoes it."""
+    if _process is not None:
+        _process.scales_lr = True
+
+
+def scales_lr() -> bool:
+    """Whether this process's script asked for a scaled rate (see :func:`note_scaled_lr`)."""
+    return _process is not None and _process.scales_lr
 
 
 def refresh() -> Context:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 from hvdkit.common.errors import UserError
+from hvdkit.runtime import context
 from hvdkit.runtime.backend import COMPRESSIONS, GRADIENT_OPS
 from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.topology import Topology
@@ -75,18 +76,14 @@ def scale_lr(base_lr: float, size: int, *, op: str = "average", local_size: int 
     raise AssertionError(op)   # reduce_options admits only the three
 
 
-_SCALED = []      # set once the script asked for a scaled rate (the adapters' scale_lr)
-
-
 def scale_lr_for(base_lr: float, ctx: Topology, op: str = "average") -> float:
-    """:func:`scale_lr` for the job ``ctx`` describes (its size, local size, and whether it pinned a GPU)."""
-    _SCALED.append(True)
+    """:func:`scale_lr` for the job ``ctx`` describes (its size, local size, and whether it pinned a GPU).
+
+    It notes on the process context that the script scales its rate: only then do its checkpoints record
+    (and a resume undo) the scale.
+    """
+    context.note_scaled_lr()
     return scale_lr(base_lr, ctx.size, op=op, local_size=ctx.local_size, on_gpu=ctx.gpu is not None)
-
-
-def script_scales_lr() -> bool:
-    """Whether this process asked for a scaled rate: only then do its checkpoints record (and undo) the scale."""
-    return bool(_SCALED)
 
 
 def job_lr_scale(ctx: Topology, op: str = "average") -> float:

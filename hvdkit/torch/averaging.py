@@ -14,6 +14,7 @@ import time
 import torch
 
 from hvdkit.common.errors import UserError
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
 from hvdkit.torch.stragglers import CLOCK
 
 log = logging.getLogger("hvdkit.torch")
@@ -39,7 +40,8 @@ def abandon_window(optimizer: torch.optim.Optimizer) -> None:
         optimizer._group_counts[group] = 0
     optimizer._synchronized = False
     optimizer._should_synchronize = True
-    for part in (getattr(optimizer, "_hvdkit_average", None), getattr(optimizer, "_hvdkit_nonfinite", None)):
+    record = record_of(optimizer) or OptimizerRecord()
+    for part in (record.average, record.nonfinite):
         if part is not None:
             part.forget_step()
     for group in optimizer.param_groups:
@@ -93,11 +95,10 @@ class AverageWhenBackwardReturns:
         for accumulator in optimizer._grad_accs:
             accumulator.register_hook(self._after_accumulation)
         # What else watches a gradient accumulator (the non-finite check), for parameters hooked later.
-        optimizer._hvdkit_accumulator_hooks = [lambda _p, accumulator: accumulator.register_hook(
-            self._after_accumulation)]
+        attach(optimizer, average=self, accumulator_hooks=[lambda _p, accumulator: accumulator.register_hook(
+            self._after_accumulation)])
         optimizer.synchronize = self.synchronize      # instance attribute: Horovod's step() calls it
         optimizer.register_step_post_hook(lambda *_: self.nested_done.clear())
-        optimizer._hvdkit_average = self
 
     def forget_step(self) -> None:
         """The step in flight was dropped (an elastic reset): no pass of it has been averaged."""
@@ -179,7 +180,7 @@ class AverageWhenBackwardReturns:
             hook = opt._make_hook(p)
             accumulator.register_hook(hook)
             opt._grad_accs.append(accumulator)        # Horovod's list keeps the accumulator alive
-            for watch in opt._hvdkit_accumulator_hooks:
+            for watch in record_of(opt).accumulator_hooks:
                 watch(p, accumulator)
             if p.grad is not None:                    # this pass's gradient, accumulated before the hook
                 opt._allreduce_delay[p] = left + 1
@@ -193,7 +194,7 @@ class AverageWhenBackwardReturns:
             return
         handles = self.optimizer._handles
         twice = [p for p in self.nested_done if p in handles]
-        if twice and getattr(self.optimizer, "_hvdkit_op", "average") == "sum":
+        if twice and op_of(self.optimizer) == "sum":
             # Its gradient, already summed at the inner pass's end, would be summed again with the rest: N times it.
             raise UserError(f"{self.optimizer._parameter_names.get(twice[0], 'a parameter')!r} got gradients in a "
                             "reentrant activation checkpoint's backward and outside it, which op='sum' would add up "

@@ -37,7 +37,8 @@ from hvdkit.runtime.checkpoint_files import (
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line, script_scales_lr
+from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line
+from hvdkit.runtime.optimizer_record import op_of
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.sharded import gathered_state, is_sharded
 from hvdkit.torch.tensors import plain_module, to_cpu
@@ -96,8 +97,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         "optimizer": to_cpu(optimizer_state) if optimizer is not None else None,
         "extra": extra,
     }
-    if optimizer is not None and script_scales_lr():   # the rates' scale, so another world size can resume
-        state["lr_scale"] = job_lr_scale(ctx, getattr(optimizer, "_hvdkit_op", "average"))   # at scale_lr's rate
+    if optimizer is not None and context.scales_lr():   # the rates' scale, so another world size can resume
+        state["lr_scale"] = job_lr_scale(ctx, op_of(optimizer))   # at scale_lr's rate
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     if step is not None:
@@ -212,8 +213,8 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                                   "to load the model only")
         optimizer.load_state_dict(body["optimizer"])
         ctx = current()
-        op = getattr(optimizer, "_hvdkit_op", "average")
-        scaled = body.get("lr_scale") if script_scales_lr() else None    # a fixed-rate script keeps its rate
+        op = op_of(optimizer)
+        scaled = body.get("lr_scale") if context.scales_lr() else None    # a fixed-rate script keeps its rate
         factor = resume_lr_factor(scaled, body.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
                                   on_resize=on_resize, path=f"checkpoint {os.fspath(path)!r}")
         for group in optimizer.param_groups:

@@ -16,6 +16,7 @@ import torch
 
 from hvdkit.runtime import context
 from hvdkit.runtime.nonfinite import NonFiniteGradientError, nonfinite_message
+from hvdkit.runtime.optimizer_record import attach
 from hvdkit.torch.context import ADAPTER, current
 
 
@@ -31,9 +32,9 @@ class NonFiniteCheck:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, accumulator in zip(params, optimizer._grad_accs):
             self.watch(p, accumulator)
-        optimizer._hvdkit_accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.optimizer hooks later
+        record = attach(optimizer, nonfinite=self)
+        record.accumulator_hooks.append(self.watch)     # parameters hvdkit.torch.averaging hooks later
         optimizer.register_step_pre_hook(self._before_step)
-        optimizer._hvdkit_nonfinite = self
 
     def forget_step(self) -> None:
         """The step in flight was dropped (an elastic reset): its gradient sums go with it."""

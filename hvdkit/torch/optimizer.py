@@ -20,6 +20,7 @@ from hvdkit.common.errors import UserError
 from hvdkit.runtime import context, state, topology
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
 from hvdkit.torch.averaging import AverageWhenBackwardReturns
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.data import check_loader_sharded
@@ -97,7 +98,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         gradient_predivide_factor=gradient_predivide_factor,
         sparse_as_dense=sparse_as_dense,
     )
-    wrapped._hvdkit_op = op        # the learning rate's scaling rule, for a checkpoint resumed on another size
+    attach(wrapped, op=op)         # the learning rate's scaling rule, for a checkpoint resumed on another size
     # Horovod builds its optimizer from param_groups alone, so its defaults are the class's (Adam's lr=1e-3, no
     # momentum or weight decay), not the ones the script gave: a group added later (add_param_group, as
     # Lightning's BaseFinetuning unfreezes) silently took those. Keep the script's.
@@ -123,8 +124,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
 
 def _zero_grad(self, set_to_none: bool = True) -> None:
     """Horovod's zero_grad, with torch's ``set_to_none`` (Horovod's takes no argument: a TypeError)."""
-    if getattr(self, "_hvdkit_average", None) is not None:
-        self._hvdkit_average.nested_done.clear()      # a new window, even after a backward that raised
+    record = record_of(self)
+    if record is not None and record.average is not None:
+        record.average.nested_done.clear()      # a new window, even after a backward that raised
     if self._handles:
         raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                              "or optimizer.synchronize(): that races with the allreduces in flight")
@@ -138,20 +140,20 @@ def _mark_adasum_local_steps(optimizer: torch.optim.Optimizer) -> None:
     (and from ``step()`` for parameters without one), to take that rank's own change, and combines the changes
     in ``step()``. Torch runs the optimizer's step hooks on those local steps too: the first-step weights check
     then compared each rank's own update and stopped every Adasum job at step 1, blaming the broadcast.
-    ``optimizer._hvdkit_local_step`` is True while one runs. Parameters that need a gradient only after wrapping
+    The record's ``local_step`` is True while one runs. Parameters that need a gradient only after wrapping
     would never be combined (Horovod hooks what required one then): the script's step stops, naming them."""
     local = optimizer._allreduce_grad_async
-    optimizer._hvdkit_local_step = False
+    record = attach(optimizer, local_step=False)
 
     def local_step(p):
-        optimizer._hvdkit_local_step = True
+        record.local_step = True
         try:
             return local(p)
         finally:
-            optimizer._hvdkit_local_step = False
+            record.local_step = False
 
     def before_step(opt, args, kwargs):
-        if opt._hvdkit_local_step or not opt._grad_accs:     # none at size 1: nothing is combined
+        if record.local_step or not opt._grad_accs:     # none at size 1: nothing is combined
             return
         unhooked = [opt._parameter_names.get(p, "an unnamed parameter") for g in opt.param_groups
                     for p in g["params"] if p.requires_grad and p not in opt._requires_update]
@@ -185,7 +187,7 @@ def check_weights_at_first_step(optimizer: torch.optim.Optimizer) -> None:
     def after_step(opt, args, kwargs):
         # Torch runs post-hooks twice per step under Horovod (its class and the original's step are both
         # hooked), and removing a hook while they run breaks a user's own post-hook: a flag, not remove().
-        if done or getattr(opt, "_hvdkit_local_step", False):    # Adasum's per-parameter local steps: not yet
+        if done or (record_of(opt) or OptimizerRecord()).local_step:    # Adasum's per-parameter local steps: not yet
             return
         done.append(True)
         # A generator: one parameter at a time on the host, no float64 copy of the whole model.
@@ -222,7 +224,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     opt_state = backend.broadcast_object(to_cpu(opt_state) if rank == root_rank else None, root_rank,
                                          name="hvdkit.optimizer_state")
     if rank != root_rank and sharded.is_sharded(optimizer):
-        optimizer._hvdkit_shards.load_state_dict(opt_state)     # not the script's own load (Shards.user_loads)
+        record_of(optimizer).slices.load_state_dict(opt_state)     # not the script's own load (Slices.user_loads)
     elif rank != root_rank:
         optimizer.load_state_dict(opt_state)
 

@@ -34,6 +34,7 @@ import torch
 
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import context
+from hvdkit.runtime.optimizer_record import attach, record_of
 from hvdkit.runtime.sharding import check_same_loads, slice_range
 from hvdkit.torch.context import ADAPTER
 
@@ -59,13 +60,12 @@ def _is_full(key: str, value, param: torch.Tensor) -> bool:
     return torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == param.numel()
 
 
-class Shards:
+class Slices:
     """This rank's slice of every parameter, as views into the parameters, and the optimizer that steps them."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, original: type, rank: int, size: int):
         check_supported(original)
         self.optimizer, self.original, self.rank, self.size = optimizer, original, rank, size
-        self.backend = context.backend(ADAPTER)
         self.user_loads = 0         # optimizer.load_state_dict calls by the script: the same count on every rank
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.ranges, self.views = [], []
@@ -113,6 +113,10 @@ class Shards:
                 p.detach().view(-1).copy_(full)
         for view in self.views:
             view.grad = None
+
+    @property
+    def backend(self):
+        return context.backend(ADAPTER)        # looked up when a collective runs: the slices are cut before too
 
     def state_bytes(self) -> int:
         """The bytes this rank's optimizer state holds (what sharding divides by the world size)."""
@@ -189,11 +193,11 @@ def _step(self, closure=None):
     if self._should_synchronize:
         self.synchronize()
     self._synchronized = False
-    self._hvdkit_shards.step()
+    slices_of(self).step()
 
 
 def _state_dict(self):
-    return self._hvdkit_shards.state_dict()
+    return slices_of(self).state_dict()
 
 
 def gathered_state(optimizer, root: int, caller: str = "hvdkit.shards") -> dict | None:
@@ -201,12 +205,13 @@ def gathered_state(optimizer, root: int, caller: str = "hvdkit.shards") -> dict 
 
     ``caller`` (``"hk.save_checkpoint"``) is in the name of the first collective, which is what a deadlock
     message shows when one rank calls it alone (under ``if ctx.is_main:``)."""
-    return optimizer._hvdkit_shards.state_dict(root, caller)
+    return slices_of(optimizer).state_dict(root, caller)
 
 
 def _load_state_dict(self, state_dict):
-    self._hvdkit_shards.load_state_dict(state_dict)
-    self._hvdkit_shards.user_loads += 1
+    slices = slices_of(self)
+    slices.load_state_dict(state_dict)
+    slices.user_loads += 1
 
 
 def _add_param_group(self, param_group):
@@ -219,9 +224,9 @@ def shard(optimizer: torch.optim.Optimizer, rank: int, size: int) -> torch.optim
     horovod_class = type(optimizer)
     original = horovod_class.__bases__[0]           # Horovod's class derives from the user's optimizer class
     existing = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None   # loaded before wrapping
-    optimizer._hvdkit_shards = Shards(optimizer, original, rank, size)
+    slices = attach(optimizer, sharded=True, slices=Slices(optimizer, original, rank, size)).slices
     if existing is not None:
-        optimizer._hvdkit_shards.load_state_dict(existing)
+        slices.load_state_dict(existing)
         optimizer.state.clear()                     # the full copy: this rank keeps its slices only
     # Horovod made this class for this optimizer alone, and its methods call super(self.__class__, ...), which a
     # subclass would turn into a loop: replace its methods in place.
@@ -233,13 +238,20 @@ def shard(optimizer: torch.optim.Optimizer, rank: int, size: int) -> torch.optim
     return optimizer
 
 
+def slices_of(optimizer) -> Slices | None:
+    """The slices a sharded ``optimizer`` keeps; None for one that is not sharded."""
+    record = record_of(optimizer)
+    return None if record is None else record.slices
+
+
 def is_sharded(optimizer) -> bool:
-    return getattr(optimizer, "_hvdkit_shards", None) is not None
+    return slices_of(optimizer) is not None
 
 
 def layout(optimizer) -> tuple[int, int]:
     """(rank, size) the slices of a sharded ``optimizer`` were cut for."""
-    return optimizer._hvdkit_shards.rank, optimizer._hvdkit_shards.size
+    slices = slices_of(optimizer)
+    return slices.rank, slices.size
 
 
 def reshard(optimizer, rank: int, size: int, state_dict: dict) -> None:
@@ -248,7 +260,7 @@ def reshard(optimizer, rank: int, size: int, state_dict: dict) -> None:
     ``state_dict`` is a consolidated state (what ``state_dict()`` returned at the last commit): the old
     slices cannot be gathered any more, since the ranks that held some of them may be gone. Local, no
     collective."""
-    shards = optimizer._hvdkit_shards
-    optimizer._hvdkit_shards = Shards(optimizer, shards.original, rank, size)
-    optimizer._hvdkit_shards.load_state_dict(state_dict)
-    optimizer._hvdkit_shards.user_loads = shards.user_loads
+    old = slices_of(optimizer)
+    new = attach(optimizer, slices=Slices(optimizer, old.original, rank, size)).slices
+    new.load_state_dict(state_dict)
+    new.user_loads = old.user_loads

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvdkit.torch.sharded import Shards, slice_range
+from hvdkit.torch.sharded import Slices, slice_range
 
 pytestmark = pytest.mark.adapters
 
@@ -21,7 +21,7 @@ def test_loading_a_state_into_the_slices_leaves_the_callers_state_alone():
     advanced the commit's count (the second reset then restored moments from step 3 with a count of 5)."""
     p = torch.nn.Parameter(torch.ones(4))
     outer = torch.optim.Adam([p], lr=0.1)
-    shards = Shards(outer, torch.optim.Adam, rank=1, size=2)
+    shards = Slices(outer, torch.optim.Adam, rank=1, size=2)
     commit = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0), "exp_avg_sq": torch.ones(4)}},
               "param_groups": torch.optim.Optimizer.state_dict(outer)["param_groups"]}
     shards.load_state_dict(commit)
@@ -41,7 +41,7 @@ def test_every_optimizer_sharding_accepts_steps_its_slices(name):
     an AdamW failed with a TypeError though AdamW is on the list (found by trying it as a user)."""
     p = torch.nn.Parameter(torch.ones(5))
     cls = getattr(torch.optim, name)
-    shards = Shards(cls([p], lr=0.1), cls, rank=0, size=2)
+    shards = Slices(cls([p], lr=0.1), cls, rank=0, size=2)
     shards.views[0].grad = torch.ones(3)
     shards.inner.step()
     assert p.detach()[:3].ne(1).all() and p.detach()[3:].eq(1).all()

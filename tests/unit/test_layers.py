@@ -104,3 +104,18 @@ def test_the_checks_catch_what_they_look_for():
         "hvdkit.runtime.context -> hvdkit.ops.slurm"]
     assert cycles({"hvdkit.cli.a": {"hvdkit.cli.b"}, "hvdkit.cli.b": {"hvdkit.cli.a"}}) == [
         "hvdkit.cli.a -> hvdkit.cli.b -> hvdkit.cli.a"]
+
+
+def test_the_adapters_call_no_horovod_collective_and_read_no_hidden_attribute():
+    """Collectives go through the Backend (hvdkit/backends/), and what hvdkit keeps on an optimizer through its
+    one record (hvdkit/runtime/optimizer_record.py): a reader finds each in one place."""
+    import re
+
+    collective = re.compile(r"\bhvd\.(allreduce|allgather|broadcast|alltoall|grouped_|synchronize|reducescatter|"
+                            r"join|barrier|rank|size)\w*\(")
+    for path in sorted((ROOT / "hvdkit").rglob("*.py")):
+        text, where = path.read_text(), path.relative_to(ROOT).as_posix()
+        if where.startswith(("hvdkit/torch/", "hvdkit/keras/")):
+            assert not collective.search(text), f"{where}: {collective.search(text).group(0)} (use the Backend)"
+        if where != "hvdkit/runtime/optimizer_record.py":
+            assert not re.search(r"\._hvdkit\w*|[\"']_hvdkit\w*[\"']", text), f"{where} reads a _hvdkit attribute"

@@ -19,6 +19,7 @@ from keras_common import parse_args
 from rank_results import write_result
 
 import hvdkit.keras as hk
+from hvdkit.runtime.optimizer_record import OptimizerRecord, record_of
 
 p = argparse.ArgumentParser()
 p.add_argument("--phase", choices=["train", "resume", "refusals"], default="train")
@@ -169,7 +170,7 @@ elif args.phase == "resume":
                                         for k in mine)
     fit(model, MORE, STEPS)
     result["after"] = weights(model)
-    result["sharded"] = getattr(opt, "_hvdkit_sharded", False)
+    result["sharded"] = (record_of(opt) or OptimizerRecord()).sharded
 else:
     errors = {}
 

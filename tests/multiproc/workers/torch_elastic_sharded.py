@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
+import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 
 p = argparse.ArgumentParser()
@@ -89,8 +90,8 @@ def train(state):
     a, b = flat(now), flat(committed)
     diff = float((a - b).abs().max()) if a.numel() == b.numel() and a.numel() else (0.0 if a.numel() == b.numel()
                                                                                       else float("inf"))
-    inner = optimizer._hvdkit_shards.inner if not args.plain else optimizer
-    layout = optimizer._hvdkit_shards.size if not args.plain else hk.current().size
+    inner = sharded.slices_of(optimizer).inner if not args.plain else optimizer
+    layout = sharded.slices_of(optimizer).size if not args.plain else hk.current().size
     mine = sum(v.numel() for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
     fraction = mine / max(a.numel(), 1)
     # A gradient left from a step the reset dropped would be added into the next one (an accumulating loop

@@ -91,7 +91,7 @@ def params(model):
 
 
 def state_bytes(opt):
-    shards = getattr(opt, "_hvdkit_shards", None)
+    shards = sharded_state.slices_of(opt)
     if shards is not None:
         return shards.state_bytes()
     return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
@@ -217,5 +217,5 @@ else:
     hk.load_checkpoint(args.ckpt, model, opt)
     train(model, opt, 5, first=5)
     result["params"] = params(model).tolist()
-    result["sharded"] = getattr(opt, "_hvdkit_shards", None) is not None
+    result["sharded"] = sharded_state.slices_of(opt) is not None
 write_result(args.out, ctx.rank, result)
