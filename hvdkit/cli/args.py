@@ -7,8 +7,8 @@ launch and bench also take horovodrun's ssh and network options. Each command's
 
     add_host_arguments(parser)                        # in add_parser
     add_ssh_arguments(parser)
-    hosts = spec_from_args(args)                      # in the command's Config.from_args
-    target = target_from_args(args, default_np(args.np, hosts), hosts)   # a LaunchTarget
+    hosts, np, chosen = resolve_hosts(args, args.np)  # in the command's Config.from_args
+    target = target_from_args(args, np, hosts)        # a LaunchTarget
 """
 
 from __future__ import annotations
@@ -58,17 +58,16 @@ def hosts_given(args: argparse.Namespace) -> bool:
     return bool(args.hosts or args.hostfile or args.slurm)
 
 
-def spec_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None,
+def spec_from_args(args: argparse.Namespace, allocation: slurm.SlurmAllocation | None,
                    local_slots: int | None = None) -> HostSpec:
-    """The hosts -H, --hostfile or --slurm name; inside a Slurm allocation, its hosts when none is given;
-    outside one, ``local_slots`` on this machine when given (launch passes -np, as ``horovodrun -np 2`` runs)."""
-    env = os.environ if env is None else env
+    """The hosts -H or --hostfile name; else the Slurm ``allocation`` (read once by :func:`resolve_hosts`);
+    else ``local_slots`` on this machine when given (launch passes -np, as ``horovodrun -np 2`` runs)."""
     if args.hostfile:
         return parse_hostfile(args.hostfile)
     if args.hosts:
         return parse_hosts_string(args.hosts)
-    if args.slurm or slurm.in_allocation(env):
-        return slurm.allocation(env).hosts
+    if allocation is not None:
+        return allocation.hosts
     if local_slots is not None:
         if local_slots > MAX_SLOTS_PER_HOST:
             raise UserError(f"-np {local_slots} with no hosts given would start {local_slots} processes on this "
@@ -87,27 +86,24 @@ def resolve_hosts(args: argparse.Namespace, np: int | None,
     the command runs in; else ``np`` slots on this machine, as ``horovodrun
     -np 2`` runs. The processes: -np, else the allocation's tasks, else every
     slot listed. Returns (hosts, np, a note when hvdkit chose this machine).
-    Whether a host is this machine is :func:`hvdkit.ops.hosts.is_this_machine`'s
-    answer everywhere (``localhost``, ``127.0.0.1``, or this machine's name).
+    The allocation is read from the environment once, here, and only when it
+    gives the hosts. Whether a host is this machine is
+    :func:`hvdkit.ops.hosts.is_this_machine`'s answer everywhere (``localhost``,
+    ``127.0.0.1``, or this machine's name).
     """
     env = os.environ if env is None else env
-    named = hosts_given(args) or slurm.in_allocation(env)
+    in_job = slurm.in_allocation(env)
+    named = hosts_given(args) or in_job
     if np is None and not named:
         raise UserError("-np is required (the number of processes) when no hosts are given: pass -np N to run N on "
                         "this machine, or -H host1:N,host2:N, --hostfile FILE, or run inside a Slurm allocation")
-    hosts = spec_from_args(args, env, local_slots=np)
+    from_slurm = not (args.hostfile or args.hosts) and (args.slurm or in_job)
+    allocation = slurm.allocation(env) if from_slurm else None
+    hosts = spec_from_args(args, allocation, local_slots=np)
     chosen = None if named else f"{to_hosts_string(hosts)}, this machine: no -H, --hostfile or Slurm allocation given"
-    return hosts, default_np(np, hosts, env), chosen
-
-
-def default_np(np: int | None, spec: HostSpec, env: Mapping[str, str] | None = None) -> int:
-    """-np when given; in a Slurm allocation its task count; otherwise every slot."""
-    env = os.environ if env is None else env
-    if np is not None:
-        return np
-    if spec.source == "slurm":
-        return slurm.allocation(env).ntasks
-    return spec.total_slots
+    if np is None:
+        np = allocation.ntasks if allocation is not None else hosts.total_slots
+    return hosts, np, chosen
 
 
 def target_from_args(args: argparse.Namespace, np: int, hosts: HostSpec | None) -> LaunchTarget:
