@@ -26,28 +26,22 @@ import os
 
 import numpy as np
 
-import hvdkit
 from hvdkit.keras.collectives import variable_numpy
-from hvdkit.keras.context import backend, current
+from hvdkit.keras.context import ADAPTER, backend, current
 from hvdkit.keras.optimizer import get_learning_rate, named_variables, saves_learning_rate, set_learning_rate
 from hvdkit.keras.sharded import check_same_loads, gather_whole, sharded_part
-from hvdkit.runtime import context
+from hvdkit.runtime import checkpoint
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
-    read_on_root,
-    save_to,
     unreadable,
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line
-from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
 
 log = logging.getLogger("hvdkit.keras")
 
-FORMAT = "hvdkit.keras/3"            # /3: variables named; /2 positional, digest inside; /1 a .sha256 beside it
-READABLE = (FORMAT, "hvdkit.keras/2", "hvdkit.keras/1")
+FORMAT = "hvdkit.keras/3"
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
@@ -61,37 +55,32 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
     """
     ctx = current()
     sharded = optimizer is not None and sharded_part(optimizer) is not None
-    if not ctx.is_main and not sharded:
-        return False
-    named = named_variables(model, optimizer)
-    # A sharded optimizer's slots are gathered on rank 0 from every rank (collective: every rank calls this).
-    if sharded:
-        check_same_loads(optimizer, backend(), "hk.save_checkpoint")
-    whole = gather_whole([v for _, v in named], root=0) if sharded else [variable_numpy(v) for _, v in named]
-    if not ctx.is_main:
-        return False
-    values = dict(zip((n for n, _ in named), whole))
-    model_names = [n for n, _ in named if n.startswith("model/")]
-    opt_names = [n for n, _ in named if n.startswith("optimizer/")]
-    model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
-    if step is not None:
-        extra = {"step": step, **extra}
-    header = {"format": FORMAT, "hvdkit_version": hvdkit.__version__, "backend": ctx.mode,
-              "world_size": ctx.size, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
-              "model_names": model_names, "optimizer_names": opt_names, "extra": extra}
-    if optimizer is not None and context.scales_lr():   # the rates' scale, so another world size can resume
-        header["lr_scale"] = job_lr_scale(ctx, op_of(optimizer))  # at scale_lr's rate
-    warmup_target = None if optimizer is None else (record_of(optimizer) or OptimizerRecord()).warmup_target
-    if warmup_target is not None:    # hk.callbacks' warmup: where it goes
-        header["warmup_target"] = float(warmup_target)
-    header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
-    header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
-    arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
-    arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
-    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    save_to(path, lambda f: np.savez(f, **arrays), ".npz", step, keep_last, verify=_read,
-            need_bytes=sum(a.nbytes for a in arrays.values()))
-    return True
+
+    def gather() -> dict | None:
+        if not ctx.is_main and not sharded:
+            return None
+        named = named_variables(model, optimizer)
+        # A sharded optimizer's slots are gathered on rank 0 from every rank (collective: every rank calls this).
+        if sharded:
+            check_same_loads(optimizer, backend(), "hk.save_checkpoint")
+        whole = gather_whole([v for _, v in named], root=0) if sharded else [variable_numpy(v) for _, v in named]
+        return None if whole is None else dict(zip((n for n, _ in named), whole))
+
+    def build(header: dict, values: dict):
+        model_names = [n for n in values if n.startswith("model/")]
+        opt_names = [n for n in values if n.startswith("optimizer/")]
+        model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
+        header = {**header, "backend": ctx.mode, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
+                  "model_names": model_names, "optimizer_names": opt_names}
+        header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
+        header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
+        arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
+        arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
+        arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+        return (lambda f: np.savez(f, **arrays)), sum(a.nbytes for a in arrays.values())
+
+    return checkpoint.save(path, adapter=ADAPTER, fmt=FORMAT, suffix=".npz", optimizer=optimizer, gather=gather,
+                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra)
 
 
 def _read(path: str) -> dict:
@@ -104,7 +93,7 @@ def _read(path: str) -> dict:
         raise unreadable(path, exc) from exc
     stored = header.pop(DIGEST_KEY, None)        # the digest covers the header without itself
     body = {"header": header, "model": model_vars, "optimizer": opt_vars}
-    verify_loaded(path, header.get("format"), READABLE, {**body, DIGEST_KEY: stored})
+    verify_loaded(path, header.get("format"), FORMAT, {**body, DIGEST_KEY: stored})
     return body
 
 
@@ -134,38 +123,27 @@ def load_checkpoint(path: str | os.PathLike, model, optimizer=None, root_rank: i
     ``scale_lr`` gives for this one (``on_resize="error"`` refuses it), as in
     :func:`hvdkit.torch.load_checkpoint` (also ``missing_ok``).
     """
-    check_on_resize(on_resize)
-    ctx = current()
-    body = read_on_root(path, _read, ".npz", backend(), root_rank, missing_ok=missing_ok)
-    if body is None:
-        return None
-    header, where = body["header"], os.fspath(path)
-    for part, target in (("model", model), ("optimizer", optimizer)):
-        if target is None:
-            continue
-        named = [(n, v) for n, v in named_variables(model, optimizer) if n.startswith(part + "/")]
-        saved = header.get(f"{part}_names")
-        if saved is None:                # /1 and /2: by position, counts checked
-            if len(named) != len(body[part]):
-                raise CheckpointError(f"checkpoint {where!r} has {len(body[part])} {part} variables, this {part} "
-                                      f"has {len(named)}: build the same architecture and optimizer before loading")
-            saved = [n for n, _ in named]
-        _assign_by_name(where, part, named, dict(zip(saved, body[part])))
-    if optimizer is not None:
-        op = op_of(optimizer)
-        scaled = header.get("lr_scale") if context.scales_lr() else None   # a fixed-rate script keeps its rate
-        factor = resume_lr_factor(scaled, header.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
-                                  on_resize=on_resize, path=f"checkpoint {where!r}")
+    where = os.fspath(path)
+
+    def apply(body: dict) -> None:
+        for part, target in (("model", model), ("optimizer", optimizer)):
+            if target is None:
+                continue
+            named = [(n, v) for n, v in named_variables(model, optimizer) if n.startswith(part + "/")]
+            _assign_by_name(where, part, named, dict(zip(body["header"][f"{part}_names"], body[part])))
+
+    def set_rates(body: dict, factor: float) -> tuple[float, float] | None:
         # Keras 3 saves the rate among the optimizer's variables, so the file's (old) rate was just assigned;
         # tf-keras does not, and its optimizer keeps the rate the script gave it for this size.
-        if factor != 1.0 and saves_learning_rate(optimizer):
-            before = get_learning_rate(optimizer)
-            set_learning_rate(optimizer, before * factor)
-            if ctx.is_main:
-                log.warning(resumed_rate_line(header.get("world_size"), ctx.size, before, before * factor))
-        if header.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size
-            attach(optimizer, warmup_target=header["warmup_target"] * factor)
-    return header["extra"]
+        if factor == 1.0 or not saves_learning_rate(optimizer):
+            return None
+        before = get_learning_rate(optimizer)
+        set_learning_rate(optimizer, before * factor)
+        return before, before * factor
+
+    return checkpoint.load(path, adapter=ADAPTER, suffix=".npz", read=_read, header_of=lambda body: body["header"],
+                           apply=apply, optimizer=optimizer, set_rates=set_rates, root_rank=root_rank,
+                           on_resize=on_resize, missing_ok=missing_ok)
 
 
 def _assign_by_name(path: str, part: str, named: list, values: dict) -> None:

@@ -24,7 +24,6 @@ from hvdkit.common.files import (
     WriteError,
     atomic_write,
     cannot_write,
-    file_sha256,
     remove_leftovers,
     writable_free_bytes,
 )
@@ -33,9 +32,6 @@ from hvdkit.runtime.backend import Backend
 from hvdkit.runtime.integrity import TensorBytes, check_digest, numpy_bytes
 
 log = logging.getLogger("hvdkit.checkpoint")
-# Written beside each checkpoint by hvdkit before the digest moved inside the file;
-# still verified when an old checkpoint has one, removed when a new one replaces it.
-LEGACY_CHECKSUM_SUFFIX = ".sha256"
 
 
 class CheckpointError(WriteError):
@@ -81,34 +77,15 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, keep_last: int 
     return None
 
 
-# ---- legacy sidecar checksums, directories of checkpoints, fallback --------------------------
-
-
-def verify_legacy_checksum(path: str) -> str | None:
-    """For a checkpoint saved before the digest moved inside the file: None when its ``.sha256`` matches."""
-    try:
-        with open(path + LEGACY_CHECKSUM_SUFFIX, encoding="utf-8") as f:
-            expected = f.read().split()[0]
-    except (OSError, IndexError):
-        return ("it is an older-format checkpoint without its .sha256 file, so it cannot be verified "
-                "(copy the .sha256 beside it, or load it once with an hvdkit of its own version and save again)")
-    return None if file_sha256(path) == expected else "checksum mismatch with its .sha256 (the file is damaged)"
+# ---- files, directories of checkpoints, fallback --------------------------------------------
 
 
 def write_checkpoint_file(path: str | os.PathLike, write: Callable[[BinaryIO], None],
                           need_bytes: int | None = None) -> None:
-    """Atomic write of a self-verifying checkpoint; a stale legacy ``.sha256`` beside it is removed.
-
-    The legacy sidecar is only read for older-format files, so a crash between
-    the rename and its removal leaves nothing that blocks a resume.
-    """
+    """Atomic write of a self-verifying checkpoint (``write`` embeds the digest)."""
     path = os.fspath(path)
     atomic_write(path, write, what="checkpoint", need_bytes=need_bytes, error=CheckpointError)
     _KNOWN_GOOD[os.path.realpath(path)] = _stamp(path)
-    try:
-        os.unlink(path + LEGACY_CHECKSUM_SUFFIX)
-    except FileNotFoundError:
-        pass
 
 
 # Checkpoints this process wrote or verified, by (size, mtime): pruning trusts them without reading them again.
@@ -195,11 +172,10 @@ class CheckpointDir:
             elif kept >= self.keep_last:
                 removed.append(path)
         for path in removed:
-            for p in (path, path + LEGACY_CHECKSUM_SUFFIX):
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         return removed
 
     def _good(self, path: str) -> bool:
@@ -248,18 +224,13 @@ def unreadable(path: str, exc: BaseException) -> CheckpointError:
     return CheckpointError(f"{cause}: restore an older checkpoint, or move it aside to start from scratch", cause)
 
 
-def verify_loaded(path: str, found_format: Any, formats: tuple[str, ...], content: Any,
+def verify_loaded(path: str, found_format: Any, fmt: str, content: Any,
                   tensor_bytes: TensorBytes = numpy_bytes) -> None:
-    """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of ``formats``.
-
-    ``formats`` is (current, ..., legacy), newest first: all but the last
-    carry their digest inside (:mod:`hvdkit.runtime.integrity`), the last (the
-    first format) a ``.sha256`` beside the file.
-    """
-    if found_format not in formats:
-        kind = formats[0].rsplit("/", 1)[0]
+    """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of format ``fmt``."""
+    if found_format != fmt:
+        kind = fmt.rsplit("/", 1)[0]
         raise CheckpointError(f"{path!r} is not an {kind} checkpoint: save it with {kind}.save_checkpoint")
-    why = check_digest(content, tensor_bytes) if found_format != formats[-1] else verify_legacy_checksum(path)
+    why = check_digest(content, tensor_bytes)
     if why is not None:
         raise damaged(path, why)
 
@@ -319,7 +290,7 @@ def check_on_root(path: str | os.PathLike, need_bytes: Callable[[], int], backen
     unusable. ``need_bytes()`` (the checkpoint's estimated size) runs on the
     root only.
     """
-    problem = check_writable(path, need_bytes(), keep_last, suffix) if backend.hvd.rank() == root_rank else None
+    problem = check_writable(path, need_bytes(), keep_last, suffix) if backend.rank() == root_rank else None
     problem = backend.broadcast_object(problem, root_rank, name="hvdkit.check_checkpoint_path")
     if problem is not None:
         raise CheckpointError(problem)
@@ -344,7 +315,7 @@ def read_on_root(path: str | os.PathLike, read: Callable[[str], Any], suffix: st
     damaged one still raises.
     """
     message = None
-    if backend.hvd.rank() == root_rank:
+    if backend.rank() == root_rank:
         try:
             if missing_ok and not has_checkpoint(path, suffix):
                 message = ("missing", None)

@@ -25,28 +25,22 @@ import os
 
 import torch
 
-import hvdkit
 from hvdkit.common.errors import UserError
-from hvdkit.runtime import context
+from hvdkit.runtime import checkpoint, context
 from hvdkit.runtime.checkpoint_files import (
     CheckpointError,
     check_on_root,
-    read_on_root,
-    save_to,
     unreadable,
     verify_loaded,
 )
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line
-from hvdkit.runtime.optimizer_record import op_of
-from hvdkit.torch.context import ADAPTER, current
+from hvdkit.torch.context import ADAPTER
 from hvdkit.torch.sharded import gathered_state, is_sharded
 from hvdkit.torch.tensors import plain_module, to_cpu
 
 log = logging.getLogger("hvdkit.torch")
 
-FORMAT = "hvdkit.torch/2"            # /2: the digest inside the file; /1 had a .sha256 beside it
-LEGACY_FORMAT = "hvdkit.torch/1"
+FORMAT = "hvdkit.torch/2"
 
 
 def tensor_bytes(obj):
@@ -80,33 +74,24 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     before training to find out then). ``scheduler`` (a torch LR scheduler)
     is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
     """
-    ctx = current()
     _check_scheduler(scheduler, "save_checkpoint")
-    # A sharded optimizer's state is gathered from every rank, so each takes part before rank 0 writes.
     sharded = optimizer is not None and is_sharded(optimizer)
-    optimizer_state = gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None
-    if not ctx.is_main:
-        return False
-    if optimizer is not None and not sharded:
-        optimizer_state = optimizer.state_dict()
-    state = {
-        "format": FORMAT,
-        "hvdkit_version": hvdkit.__version__,
-        "world_size": ctx.size,
-        "model": to_cpu(plain_module(model).state_dict()),
-        "optimizer": to_cpu(optimizer_state) if optimizer is not None else None,
-        "extra": extra,
-    }
-    if optimizer is not None and context.scales_lr():   # the rates' scale, so another world size can resume
-        state["lr_scale"] = job_lr_scale(ctx, op_of(optimizer))   # at scale_lr's rate
-    if scheduler is not None:
-        state["scheduler"] = scheduler.state_dict()
-    if step is not None:
-        state["extra"] = {"step": step, **extra}
-    state[DIGEST_KEY] = content_digest(state, tensor_bytes)
-    save_to(path, lambda f: torch.save(state, f), ".pt", step, keep_last, verify=_read,
-            need_bytes=_tensor_bytes(state))
-    return True
+
+    def gather():
+        return gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None
+
+    def build(header: dict, optimizer_state):
+        if optimizer is not None and not sharded:
+            optimizer_state = optimizer.state_dict()
+        state = {**header, "model": to_cpu(plain_module(model).state_dict()),
+                 "optimizer": to_cpu(optimizer_state) if optimizer is not None else None}
+        if scheduler is not None:
+            state["scheduler"] = scheduler.state_dict()
+        state[DIGEST_KEY] = content_digest(state, tensor_bytes)
+        return (lambda f: torch.save(state, f)), _tensor_bytes(state)
+
+    return checkpoint.save(path, adapter=ADAPTER, fmt=FORMAT, suffix=".pt", optimizer=optimizer, gather=gather,
+                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra)
 
 
 # Rates a param group holds: the current one, what a scheduler started from (initial_lr), OneCycleLR's bounds.
@@ -143,7 +128,7 @@ def _read(path: str) -> dict:
     except Exception as exc:
         raise unreadable(path, exc) from exc
     found = state.get("format") if isinstance(state, dict) else None
-    verify_loaded(path, found, (FORMAT, LEGACY_FORMAT), state, tensor_bytes)
+    verify_loaded(path, found, FORMAT, state, tensor_bytes)
     return state
 
 
@@ -196,38 +181,39 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     corrupt checkpoint raises :class:`CheckpointError` on every rank (no rank
     is left waiting in a broadcast).
     """
-    check_on_resize(on_resize)
     _check_scheduler(scheduler, "load_checkpoint")
-    body = read_on_root(path, _read, ".pt", context.backend(ADAPTER), root_rank, missing_ok=missing_ok)
-    if body is None:
-        return None
-    try:
-        plain_module(model).load_state_dict(body["model"])
-    except RuntimeError as exc:         # torch names the missing, unexpected and reshaped keys
-        why = " ".join(str(exc).split())
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not match this model ({why[:400]}): build the "
-                              "same architecture as the saving script before loading") from exc
-    if optimizer is not None:
+
+    def apply(body: dict) -> None:
+        try:
+            plain_module(model).load_state_dict(body["model"])
+        except RuntimeError as exc:         # torch names the missing, unexpected and reshaped keys
+            why = " ".join(str(exc).split())
+            raise CheckpointError(f"checkpoint {os.fspath(path)!r} does not match this model ({why[:400]}): build "
+                                  "the same architecture as the saving script before loading") from exc
+        if optimizer is None:
+            return
         if body["optimizer"] is None:
             raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no optimizer state: pass optimizer=None "
                                   "to load the model only")
         optimizer.load_state_dict(body["optimizer"])
-        ctx = current()
-        op = op_of(optimizer)
-        scaled = body.get("lr_scale") if context.scales_lr() else None    # a fixed-rate script keeps its rate
-        factor = resume_lr_factor(scaled, body.get("world_size"), job_lr_scale(ctx, op), ctx.size, op=op,
-                                  on_resize=on_resize, path=f"checkpoint {os.fspath(path)!r}")
-        for group in optimizer.param_groups:
-            for key in GROUP_RATES:
-                if key in group:
-                    group[key] *= factor
         if scheduler is not None:
             if "scheduler" not in body:
                 raise CheckpointError(f"checkpoint {os.fspath(path)!r} has no scheduler state: save it with "
                                       "save_checkpoint(..., scheduler=scheduler), or load without scheduler=")
             scheduler.load_state_dict(body["scheduler"])
+
+    def set_rates(body: dict, factor: float) -> tuple[float, float] | None:
+        for group in optimizer.param_groups:
+            for key in GROUP_RATES:
+                if key in group:
+                    group[key] *= factor
+        if scheduler is not None:
             _rescale_scheduler(scheduler, factor)
-        if factor != 1.0 and ctx.is_main and optimizer.param_groups and "lr" in optimizer.param_groups[0]:
-            after = float(optimizer.param_groups[0]["lr"])
-            log.warning(resumed_rate_line(body.get("world_size"), ctx.size, after / factor, after))
-    return body["extra"]
+        if not optimizer.param_groups or "lr" not in optimizer.param_groups[0]:
+            return None
+        after = float(optimizer.param_groups[0]["lr"])
+        return after / factor, after
+
+    return checkpoint.load(path, adapter=ADAPTER, suffix=".pt", read=_read, header_of=lambda body: body,
+                           apply=apply, optimizer=optimizer, set_rates=set_rates, root_rank=root_rank,
+                           on_resize=on_resize, missing_ok=missing_ok)

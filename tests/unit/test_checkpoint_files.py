@@ -8,15 +8,12 @@ import os
 import pytest
 
 from hvdkit.runtime.checkpoint_files import (
-    LEGACY_CHECKSUM_SUFFIX,
     CheckpointDir,
     CheckpointError,
     check_writable,
     damaged,
-    file_sha256,
     read_from,
     save_to,
-    verify_legacy_checksum,
     write_checkpoint_file,
 )
 
@@ -80,24 +77,6 @@ def test_no_usable_checkpoint_names_each_and_the_fix(tmp_path):
         read_from(str(tmp_path / "none.txt"), read_text, ".txt")
     with pytest.raises(CheckpointError, match="no checkpoints in"):
         read_from(str(tmp_path / "empty") + "/", read_text, ".txt")
-
-
-def test_a_new_save_removes_a_stale_legacy_checksum_so_it_can_never_block_a_resume(tmp_path):
-    path = str(tmp_path / "model.txt")
-    (tmp_path / "model.txt.sha256").write_text("0" * 64 + "  model.txt\n")
-    save_to(path, writer("state 7"), ".txt", step=None, keep_last=None)
-    assert os.listdir(tmp_path) == ["model.txt"]
-    assert read_from(path, read_text, ".txt") == (path, "state 7")
-
-
-def test_legacy_checkpoints_are_verified_by_their_sidecar_and_refused_without_it(tmp_path):
-    path = tmp_path / "old.pt"
-    path.write_bytes(b"old format")
-    assert "cannot be verified" in verify_legacy_checksum(str(path))
-    (tmp_path / f"old.pt{LEGACY_CHECKSUM_SUFFIX}").write_text(f"{file_sha256(str(path))}  old.pt\n")
-    assert verify_legacy_checksum(str(path)) is None
-    path.write_bytes(b"old formaT")
-    assert "checksum mismatch" in verify_legacy_checksum(str(path))
 
 
 def test_the_next_save_removes_the_temporary_files_of_a_killed_one(tmp_path):
