@@ -23,7 +23,7 @@ GPU_TF_VENV ?= .venv-gpu-tf
 
 install: $(STAMP)
 
-$(STAMP): scripts/install.sh scripts/installer.py scripts/patches/*.patch pyproject.toml requirements.lock
+$(STAMP): scripts/install.sh scripts/installer.py scripts/patches/*/series scripts/patches/*/*.patch pyproject.toml requirements.lock
 	HVDKIT_VENV=$(VENV) bash scripts/install.sh --cpu
 
 # The dev extra (pytest, ruff, hadolint, ...) and, as root, sshd and Slurm for the multi-host tier.

@@ -180,7 +180,7 @@ EXPLAINED = [
      "[0]<stderr>:RuntimeError: Horovod has been shut down\nProcess name: 0\nExit code: 1\n",
      "rank 1 on a, local rank 1 failed first: error: cannot write checkpoint 'c.pt': No space left on device "
      "(errno 28): free space"),
-    # the patch's stall_inspector.cc message, word for word (scripts/patches/horovod-0.28.1.patch)
+    # the patch's stall_inspector.cc message, word for word (scripts/patches/horovod-0.28.1/08-*.patch)
     ("[0]<stderr>:[2026-11-23 18:00:00.000: E stall_inspector.cc:90] Deadlock: every rank is waiting in a "
      "collective that another rank never joined, for more than 2 seconds: rank 0 waits in [a]; rank 1 waits in "
      "[b]; the ranks ran different numbers of steps or took different branches (most often: a different number "
@@ -324,7 +324,7 @@ def test_the_deadlock_fixture_is_the_message_the_patch_prints():
     """The explanation above is read from what the patched stall inspector writes; keep the two in step."""
     from tests.conftest import ROOT
 
-    patch = (ROOT / "scripts" / "patches" / "horovod-0.28.1.patch").read_text()
+    patch = (ROOT / "scripts" / "patches" / "horovod-0.28.1" / "08-stall-inspector-ends-deadlock.patch").read_text()
     code = patch[patch.index('message << "Deadlock: '):patch.index("LOG(ERROR) << message.str()")]
     printed = "".join(re.findall(r'"([^"]*)"', code))          # the C++ string literals, in order
     assert printed.startswith("Deadlock: every rank is waiting in a collective that another rank never joined")
