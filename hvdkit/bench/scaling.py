@@ -82,8 +82,7 @@ def analyse(study: dict, calibrate_on: str = CALIBRATE_ON) -> dict:
 def _train_points(study: dict, net: Network) -> list[dict]:
     """Each measured training step with its prediction: measured local parts plus the predicted exchange.
 
-    The ring's training runs are hvdkit's, over whatever ``hvdkit launch`` picks (Gloo across CPU hosts
-    since issue 37, Open MPI before),
+    The ring's training runs are hvdkit's, over whatever ``hvdkit launch`` picks (Gloo across CPU hosts),
     while the network is fitted on the calibration ring: the hidden share fitted on the fewest hosts
     absorbs any gap between the two there, not on more hosts.
     """

@@ -209,16 +209,16 @@ def shard(optimizer, keras, backend, rank: int, size: int):
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return grads
-        # The widest of the gradients' dtypes, as Keras's stack promotes (keras.backend.result_type gives float32
-        # for two float64s on torch, which showed at 1e-8 in a float64 job).
+        # The widest of the gradients' dtypes, as Keras's stack promotes: keras.backend.result_type gives float32
+        # for two float64s on torch, which would round a float64 job's norms.
         dtype = max((keras.backend.standardize_dtype(grads[i].dtype) for i in present),
                     key=lambda d: 2 if d == "bfloat16" else np.dtype(d).itemsize)
         sums = ops.stack([ops.cast(ops.sum(ops.square(grads[i])), dtype) for i in present])
         sums = backend.allreduce(variable_value(sums), "sum", name="hvdkit.shards.norms")
         out = list(grads)
         if self.clipnorm and self.clipnorm > 0:
-            # Keras's _clip_by_norm, written as it is (on torch its clipnorm is a float32 tensor, whose rounding
-            # shows at 1e-9 in float64), with the whole variable's norm.
+            # Keras's _clip_by_norm, written as it is (on torch its clipnorm is a float32 tensor, so another
+            # order of operations rounds differently), with the whole variable's norm.
             for j, i in enumerate(present):
                 out[i] = ops.convert_to_tensor(ops.multiply(grads[i], self.clipnorm)) / ops.maximum(
                     ops.sqrt(sums[j]), self.clipnorm)

@@ -28,8 +28,8 @@ _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$)({_LABEL})(\.{_LABEL})*$")
 _IPV4 = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 # A slot is a process: one per GPU, or per core on CPU. The largest two-socket servers have 384 cores (768
-# threads), so more than this per host is a typo, refused before anything is laid out per slot (issue 35:
-# `hvdkit hosts -H localhost:100000000` built a 100-million-row rank table and grew past 1 GB).
+# threads), so more than this per host is a typo, refused before anything is laid out per slot (a table of
+# every rank grows with the count).
 MAX_SLOTS_PER_HOST = 4096
 
 

@@ -10,10 +10,9 @@ and all take the same branch: checkpoint, then exit with
 :data:`REQUEUE_EXIT_CODE`.
 
 No rank leaves before the checkpoint is on disk. Only rank 0 writes it, and
-a rank that left at once (its ``save_checkpoint`` returns immediately) made
-the launcher kill rank 0 mid-save: under ``hvdkit launch``'s default MPI a
-1 GB checkpoint was left as a 908 MB temporary file, and the job exited 75
-onto nothing. ``save_and_exit`` runs the save on every rank, gathers each
+a rank that left at once (its ``save_checkpoint`` returns immediately) would
+let the launcher, seeing a rank end, kill rank 0 mid-save and requeue onto a
+checkpoint that was never written. ``save_and_exit`` runs the save on every rank, gathers each
 rank's outcome, and only then do all exit 75 together, or all raise
 :class:`~hvdkit.runtime.checkpoint_files.CheckpointError` naming the rank that
 failed (no requeue onto a checkpoint that was not written). ``exit`` alone
