@@ -36,30 +36,25 @@ command -v "$PYTHON" >/dev/null 2>&1 \
   || die "Python interpreter '$PYTHON' not found: install python3.11 (apt-get install python3 python3-venv) or set HVDKIT_PYTHON"
 PINS=$("$PYTHON" "$ROOT/scripts/installer.py" pins 2> >(sed 's/^hvdkit pins: error: /hvdkit install: error: /' >&2)) || exit 1
 while IFS='=' read -r key value; do printf -v "$key" '%s' "$value"; done <<<"$PINS"
-PATCH_DIR="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION"
-PATCH_NAME="scripts/patches/horovod-$HOROVOD_VERSION"
-# The series, in order: the patch files its `series` file names (comments and blank lines skipped).
-series() { grep -v -e '^#' -e '^[[:space:]]*$' "$PATCH_DIR/series" | sed "s|^|$PATCH_DIR/|"; }
+PATCH_DIR="$ROOT/scripts/patches/horovod-$HOROVOD_VERSION"; PATCH_NAME="scripts/patches/horovod-$HOROVOD_VERSION"
+# The series, in order, into PATCHES (installer.py reads the folder's `series` file and checks each file is there).
+load_series() { mapfile -t PATCHES < <("$PYTHON" "$ROOT/scripts/installer.py" series "$PATCH_DIR"); [ ${#PATCHES[@]} -gt 0 ] || exit 1; }
 
-# Applies the series to an unpacked Horovod source, refusing (and changing nothing) when the source is not
-# the one it was made for: every patch is first applied to a scratch copy. --forward, never --batch:
-# --batch silently reverses an already-applied patch.
+# Applies the series to an unpacked Horovod source, refusing (and changing nothing) when the source is not the
+# one it was made for: the whole series is first applied to a scratch copy. --forward, never --batch (which
+# silently reverses an already-applied patch).
 apply_patch() {
-  local src=$1 scratch p
-  [ -f "$src/setup.py" ] && [ -d "$src/horovod" ] \
+  local src=$1 scratch p; [ -f "$src/setup.py" ] && [ -d "$src/horovod" ] \
     || die "$src is not an unpacked Horovod source (no setup.py and horovod/): unpack horovod-$HOROVOD_VERSION.tar.gz there"
   grep -q "__version__ = '$HOROVOD_VERSION'" "$src/horovod/__init__.py" 2>/dev/null \
     || die "$src is not Horovod $HOROVOD_VERSION: $PATCH_NAME/ is for exactly that version; use its sdist or refresh the series"
-  scratch=$(mktemp -d)
-  cp -a "$src/." "$scratch/"
-  for p in $(series); do
+  load_series; scratch=$(mktemp -d)
+  cp -a "$src/." "$scratch/" || { rm -rf "$scratch"; die "cannot copy $src to $scratch to try the patches: free space in ${TMPDIR:-/tmp}"; }
+  for p in "${PATCHES[@]}"; do
     patch -d "$scratch" -p1 --forward --silent --no-backup-if-mismatch < "$p" >/dev/null 2>&1 \
       || { rm -rf "$scratch"; die "$PATCH_NAME/$(basename "$p") does not apply to $src (already patched, or a modified source): unpack a fresh horovod-$HOROVOD_VERSION.tar.gz"; }
   done
-  rm -rf "$scratch"
-  for p in $(series); do
-    patch -d "$src" -p1 --forward --silent --no-backup-if-mismatch < "$p" >/dev/null
-  done
+  rm -rf "$scratch"; for p in "${PATCHES[@]}"; do patch -d "$src" -p1 --forward --silent --no-backup-if-mismatch < "$p" >/dev/null; done
 }
 
 while [ $# -gt 0 ]; do
@@ -80,7 +75,7 @@ done
 if [ -n "$PATCH_ONLY_DIR" ]; then
   command -v patch >/dev/null 2>&1 || die "'patch' not found: apt-get install patch"
   apply_patch "$PATCH_ONLY_DIR"          # not in an && list: set -e must stop a failed patch
-  echo "patched $PATCH_ONLY_DIR with the $(series | wc -l) patches of $PATCH_NAME/"; exit 0
+  echo "patched $PATCH_ONLY_DIR with the ${#PATCHES[@]} patches of $PATCH_NAME/"; exit 0
 fi
 
 [ "$MODE" != gpu-tf ] || [ -z "${HVDKIT_TORCH_VERSION:-}" ] \
@@ -147,7 +142,7 @@ need_debian patch patch patch
 # major (another torch's is known only once it is installed) and every GPU generation of the list.
 [ "$MODE" != gpu ] || [ -z "${CUDA_HOME:-}" ] || "$PYTHON" "$ROOT/scripts/installer.py" nvcc-check "$CUDA_HOME" gpu || exit 1
 [ "$MODE" != gpu-tf ] || "$PYTHON" "$ROOT/scripts/installer.py" nvcc-check "${CUDA_HOME:-/usr/local/cuda}" gpu-tf || exit 1
-[ -f "$PATCH_DIR/series" ] || die "$PATCH_NAME/series is missing: restore it from git (git checkout -- scripts/patches)"
+load_series
 if [ "$CHECK_ONLY" = 1 ]; then echo "prerequisites OK ($MODE flavour, virtualenv $VENV)"; exit 0; fi
 
 # ---- 2. the venv and the flavour's packages, with uv at the lock's versions ----
@@ -201,7 +196,7 @@ for name in ("torch", "tensorflow", "tensorflow-cpu", "cmake", "setuptools", "wh
              "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12"):
     try: print(name, m.version(name))
     except m.PackageNotFoundError: pass'
-  printf '%s\n' "${HOROVOD_FLAGS[@]}"; cat "$PATCH_DIR/series" $(series); mpirun --version 2>&1 | head -n 1
+  printf '%s\n' "${HOROVOD_FLAGS[@]}"; cat "$PATCH_DIR/series" "${PATCHES[@]}"; mpirun --version 2>&1 | head -n 1
   [ "$MODE" = cpu ] || "$CUDA_ROOT/bin/nvcc" --version 2>/dev/null | tail -n 1
 } | sha256sum | cut -c1-16)
 WHEEL_DIR="$CACHE_DIR/wheels/$CACHE_KEY"
@@ -220,7 +215,7 @@ else
       mkdir -p "$CACHE_DIR/src" && mv "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" "$SDIST"
     fi
     tar xzf "$SDIST" -C "$BUILD"
-    step "patching Horovod ($PATCH_NAME/, $(series | wc -l) patches)" && apply_patch "$BUILD/horovod-$HOROVOD_VERSION"
+    step "patching Horovod ($PATCH_NAME/, ${#PATCHES[@]} patches)" && apply_patch "$BUILD/horovod-$HOROVOD_VERSION"
     LOG="$CACHE_DIR/build-$CACHE_KEY.log"
     step "building Horovod $HOROVOD_VERSION ($MODE; about 5 min on 2 cores; log: $LOG)"
     start=$(date +%s); ( while sleep 30; do echo "    ... building, $(( $(date +%s) - start ))s"; done ) & ticker=$!

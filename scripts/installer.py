@@ -215,8 +215,31 @@ def gpu_toolchain(mode: str, environ: dict[str, str]) -> dict[str, str]:
     return {"CUDA_ROOT": str(root), "NCCL_ROOT": str(nccl), "TOOLCHAIN_NOTE": note}
 
 
+def patch_series(folder: Path) -> list[Path]:
+    """The patches ``folder/series`` names, in its order (``#`` comments and blank lines skipped)."""
+    restore = "restore it from git (git checkout -- scripts/patches)"
+    try:
+        lines = (folder / "series").read_text().splitlines()
+    except OSError:
+        raise PinsError(f"{folder}/series is missing: {restore}") from None
+    names = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    if not names:
+        raise PinsError(f"{folder}/series names no patch: {restore}")
+    for name in names:
+        if not (folder / name).is_file():
+            raise PinsError(f"{folder}/series names {name}, which is not there: {restore}")
+    return [folder / name for name in names]
+
+
 def main(argv: list[str]) -> int:
     command, args = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "series":
+        try:
+            print("\n".join(str(p) for p in patch_series(Path(args[0]))))
+        except PinsError as exc:
+            print(f"hvdkit install: error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if command == "uv-env":
         listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
         print("\n".join(uv_env(listed.stdout)))
@@ -239,7 +262,8 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     if command != "pins":
-        print("usage: installer.py pins [KEY...] | uv-env | nvcc-check DIR MODE | gpu-toolchain MODE", file=sys.stderr)
+        print("usage: installer.py pins [KEY...] | uv-env | nvcc-check DIR MODE | gpu-toolchain MODE | series DIR",
+              file=sys.stderr)
         return 2
     try:
         found = pins()

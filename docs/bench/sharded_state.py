@@ -60,6 +60,7 @@ def keras_worker(args):
     import numpy as np
 
     import hvdkit.keras as hk
+    from hvdkit.runtime.optimizer_record import record_of
 
     keras = hk.use_backend("tensorflow")
     ctx = hk.init(seed=0, threads=1)
@@ -79,7 +80,8 @@ def keras_worker(args):
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     state_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables)
-    slices = optimizer.__dict__.get("_hvdkit_slices")
+    record = record_of(optimizer)
+    slices = None if record is None else record.slices
     copies = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in slices.slices) if slices else 0
     out = Path(args.out) / f"rank{ctx.rank}.json"
     out.write_text(json.dumps({"rank": ctx.rank, "size": ctx.size, "state_bytes": state_bytes, "copy_bytes": copies,
@@ -111,13 +113,14 @@ def worker(args):
         barrier = dist.barrier
     else:
         import hvdkit.torch as hk
+        from hvdkit.torch.sharded import slices_of
 
         ctx = hk.init(seed=0, threads=1)
         rank, size = ctx.rank, ctx.size
         optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), model,
                                             shard_optimizer_state=args.impl == "hvdkit-sharded")
         hk.broadcast_state(model, optimizer)
-        shards = getattr(optimizer, "_hvdkit_shards", None)
+        shards = slices_of(optimizer)
         state = lambda: shards.inner.state if shards is not None else optimizer.state     # noqa: E731
         barrier = lambda: hk.allreduce_sum(0.0, name="bench.barrier")                       # noqa: E731
     generator = torch.Generator().manual_seed(rank)

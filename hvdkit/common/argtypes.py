@@ -5,6 +5,6 @@ import warnings
 from hvdkit.argtypes import non_negative_float, positive_float, positive_int
 
 warnings.warn("hvdkit: hvdkit.common.argtypes is deprecated and will be removed: import hvdkit.argtypes",
-              DeprecationWarning, stacklevel=2)
+              FutureWarning, stacklevel=2)
 
 __all__ = ["non_negative_float", "positive_float", "positive_int"]

@@ -26,6 +26,7 @@ class AllreduceTimer:
     def __init__(self, mode: str):
         self.mode = mode
         self.python_s = 0.0
+        self.python_core_s = 0.0          # of those seconds, this thread's wait for a core (a spinning wait)
         self.variable = None
         if mode == "tensorflow":
             import tensorflow as tf
@@ -36,9 +37,10 @@ class AllreduceTimer:
     def around(self, reduce, grads: list) -> list:
         """``reduce(grads)``, timed."""
         if self.variable is None:
-            started = time.perf_counter()
+            started, core = time.perf_counter(), core_wait_s()
             out = reduce(grads)
             self.python_s += time.perf_counter() - started
+            self.python_core_s += core_wait_s() - core
             return out
         import tensorflow as tf
 
@@ -64,7 +66,7 @@ def straggler_report(keras, backend) -> type:
             self.timer = None
             self.started = self.ended = None
             self.waited_at_start = 0.0
-            self.core_at_start = self.core_at_end = 0.0
+            self.core_at_start = self.core_at_end = self.core_waited_at_start = 0.0
             self.steps = 0
 
         def on_train_begin(self, logs=None):
@@ -79,7 +81,7 @@ def straggler_report(keras, backend) -> type:
                 return
             if self.started is None:
                 self.started, self.waited_at_start = time.perf_counter(), self.timer.seconds()
-                self.core_at_start = core_wait_s()
+                self.core_at_start, self.core_waited_at_start = core_wait_s(), self.timer.python_core_s
             else:
                 self.steps += 1
                 self.ended, self.core_at_end = time.perf_counter(), core_wait_s()
@@ -91,8 +93,9 @@ def straggler_report(keras, backend) -> type:
             busy = 0.0
             if self.started is not None and self.steps:
                 waited = self.timer.seconds() - self.waited_at_start
-                core = self.core_at_end - self.core_at_start     # this thread's wait for a core (the host's load)
-                busy = max(0.0, self.ended - self.started - waited - core)
+                # This thread's wait for a core (the host's load), less what the allreduce wait already holds.
+                core = self.core_at_end - self.core_at_start - (self.timer.python_core_s - self.core_waited_at_start)
+                busy = max(0.0, self.ended - self.started - waited - max(0.0, core))
             report_epoch(backend, self.steps, busy, rank=ctx.rank, size=ctx.size,
                          name=f"hvdkit.stragglers.{epoch}", watch=watch_for(ctx))
 

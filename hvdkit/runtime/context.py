@@ -53,7 +53,7 @@ class Context(Topology):
     def backend(self) -> str:
         """Deprecated since 0.1.0's successor: ``mode`` ("backend" also names the Horovod bindings)."""
         warnings.warn("hvdkit: Context.backend is deprecated and will be removed: use Context.mode",
-                      DeprecationWarning, stacklevel=2)
+                      FutureWarning, stacklevel=2)
         return self.mode
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdkit.common.errors import UserError
+from hvdkit.runtime import topology
 
 
 def shard_indices(length: int, rank: int, size: int, *, drop_remainder: bool = False) -> list[int]:
@@ -160,10 +161,13 @@ def check_same_loads(backend, caller: str, held, fix: str) -> None:
     try:
         gathered = backend.allgather_object((caller, held), name=f"{caller}.sharded_state")
     except Exception as exc:
-        if "shut down" in str(exc):        # the stall inspector ended Horovod: the others never came
+        # The stall inspector ended Horovod, or (outside an elastic job, whose reset handles a lost rank) the
+        # others' connections closed as they exited: either way they never came.
+        lost = type(exc).__name__ == "HorovodInternalError" and not topology.is_elastic()
+        if "shut down" in str(exc) or lost:
             raise alone("Horovod has been shut down while this rank waited for the others, which had finished or "
                         "were in another collective") from exc
-        raise                              # a lost rank in an elastic job: its reset handles it
+        raise
     # TensorFlow's eager collectives pair up in call order, whatever their names: a rank in another call sent
     # something else.
     if any(not (isinstance(x, tuple) and len(x) == 2 and x[0] == caller) for x in gathered):

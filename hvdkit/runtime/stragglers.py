@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -136,28 +137,33 @@ class StepClock:
     """This rank's steps since the last :meth:`take`: how many, and the seconds not spent waiting for others.
 
     A step is the time between two :meth:`step_done` calls, less the waits
-    :meth:`add_wait` recorded in between and less the time the stepping thread
-    waited for a core (``core_wait``); the first step after a take only
-    starts the clock (the gap before it held evaluation, checkpoints, the loader's start).
-    Call :meth:`step_done` from the thread that runs the steps.
+    :meth:`add_wait` recorded in between, and less the time the stepping thread
+    waited for a core (``core_wait``) outside those waits (a wait that spins
+    on ``sched_yield`` also waits for a core: counted once); the first step
+    after a take only starts the clock (the gap before it held evaluation,
+    checkpoints, the loader's start). The core wait is a thread's own count,
+    so a step that ends on another thread than the last counts its wall time only.
     """
 
-    def __init__(self, clock=time.perf_counter, core_wait=core_wait_s):
-        self.clock, self.core_wait = clock, core_wait
-        self.steps, self.busy_s, self.waited_s = 0, 0.0, 0.0
-        self.last: tuple[float, float] | None = None       # (clock, core wait) at the last step's end
+    def __init__(self, clock=time.perf_counter, core_wait=core_wait_s, thread=threading.get_ident):
+        self.clock, self.core_wait, self.thread = clock, core_wait, thread
+        self.steps, self.busy_s, self.waited_s, self.waited_core_s = 0, 0.0, 0.0, 0.0
+        self.last: tuple[float, float, int] | None = None       # (clock, core wait, thread) at the last step's end
 
-    def add_wait(self, seconds: float) -> None:
+    def add_wait(self, seconds: float, core_s: float = 0.0) -> None:
+        """A wait for the other ranks of ``seconds``, ``core_s`` of them spent waiting for a core."""
         self.waited_s += seconds
+        self.waited_core_s += core_s
 
     def step_done(self) -> None:
-        now = (self.clock(), self.core_wait())
+        now = (self.clock(), self.core_wait(), self.thread())
         if self.last is not None:
             self.steps += 1
-            self.busy_s += max(0.0, now[0] - self.last[0] - self.waited_s - (now[1] - self.last[1]))
-        self.last, self.waited_s = now, 0.0
+            core = now[1] - self.last[1] - self.waited_core_s if now[2] == self.last[2] else 0.0
+            self.busy_s += max(0.0, now[0] - self.last[0] - self.waited_s - max(0.0, core))
+        self.last, self.waited_s, self.waited_core_s = now, 0.0, 0.0
 
     def take(self) -> tuple[int, float]:
         steps, busy = self.steps, self.busy_s
-        self.steps, self.busy_s, self.waited_s, self.last = 0, 0.0, 0.0, None
+        self.steps, self.busy_s, self.waited_s, self.waited_core_s, self.last = 0, 0.0, 0.0, 0.0, None
         return steps, busy

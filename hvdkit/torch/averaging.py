@@ -15,6 +15,7 @@ import torch
 
 from hvdkit.common.errors import UserError
 from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
+from hvdkit.runtime.stragglers import core_wait_s
 from hvdkit.torch.stragglers import CLOCK
 
 log = logging.getLogger("hvdkit.torch")
@@ -207,7 +208,7 @@ class AverageWhenBackwardReturns:
                         "averages a zero gradient for them, which momentum and weight decay turn into a move (one "
                         "process leaves them alone); set requires_grad=False on parameters that are not used",
                         len(names), ", ".join(names[:3]), ", ..." if len(names) > 3 else "")
-        started = time.perf_counter()
+        started, core_at_start = time.perf_counter(), core_wait_s()
         everything = self.optimizer._requires_update
         # Frozen since wrapping and not started: Horovod's synchronize would reduce a zero gradient for them.
         frozen = {p for p in everything - self._averaged_now()
@@ -223,7 +224,7 @@ class AverageWhenBackwardReturns:
         finally:
             self.optimizer._requires_update = everything
         # The wait for the other ranks' gradients: a step less it is this rank's own (hk.report_stragglers).
-        CLOCK.add_wait(time.perf_counter() - started)
+        CLOCK.add_wait(time.perf_counter() - started, core_s=core_wait_s() - core_at_start)
         CLOCK.step_done()
         # Horovod's step() warns when _synchronized is set (it expects skip_synchronize()); the
         # flag only means "averaged since the last step", which self.averaged now records.

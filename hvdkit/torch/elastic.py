@@ -78,7 +78,7 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
                  base_lr: float | list[float] | None = None, commit_every: int = 1, epoch: int = 0,
                  step: int = 0, sampler=None, **kwargs):
         current()
-        _register_sharded_handler()         # Horovod's TorchState picks each handler from it below
+        register_sharded_handler()          # Horovod's TorchState picks each handler from it below
         if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
             raise UserError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
                             "so the data is re-sharded when workers come and go")
@@ -247,11 +247,10 @@ class ShardedOptimizer(metaclass=_ShardedOptimizer):
     pass
 
 
-def _register_sharded_handler() -> None:
-    """Put the sharded optimizers' handler first in Horovod's registry, once, when a state is first made.
-
-    Not at import: importing hvdkit.torch must leave Horovod's globals as they were.
-    """
+def register_sharded_handler() -> None:
+    """Put the sharded optimizers' handler first in Horovod's registry, once (for hvdkit's ElasticState and for
+    Horovod's own TorchState alike): when an optimizer is first sharded, not at import, so that importing
+    hvdkit.torch leaves Horovod's globals as they were."""
     registry = hvd.elastic.state.get_handler_registry()
     if not any(handler is ShardedOptimizerHandler for _, handler in registry):
         hvd.elastic.state.set_handler_registry([(ShardedOptimizer, ShardedOptimizerHandler), *registry])

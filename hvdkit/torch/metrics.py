@@ -59,9 +59,9 @@ __all__ = ["torchmetrics_sync"]
 
 def allreduce_sum(values: list[float] | torch.Tensor, name: str) -> torch.Tensor:
     """Sum a small vector of numbers over all ranks, in float64 so counts stay exact."""
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().double().flatten().tolist()
-    return torch.tensor(context.backend(ADAPTER).allreduce_floats(values, "sum", name=name), dtype=torch.float64)
+    tensor = torch.as_tensor(values, dtype=torch.float64).detach().cpu()
+    summed = context.backend(ADAPTER).allreduce_floats(tensor.flatten().tolist(), "sum", name=name)
+    return torch.tensor(summed, dtype=torch.float64).reshape(tensor.shape)
 
 
 @torch.no_grad()

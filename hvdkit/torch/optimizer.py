@@ -24,6 +24,7 @@ from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
 from hvdkit.torch.averaging import AverageWhenBackwardReturns
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.data import check_loader_sharded
+from hvdkit.torch.elastic import register_sharded_handler
 from hvdkit.torch.nonfinite import NonFiniteCheck
 from hvdkit.torch.tensors import plain_module, to_cpu
 
@@ -118,6 +119,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     # One process shards nothing, unless it is an elastic job's, which may grow.
     if shard_optimizer_state and (ctx.size > 1 or topology.is_elastic()):
         sharded.shard(wrapped, ctx.rank, ctx.size)
+        register_sharded_handler()      # an elastic state, hvdkit's or Horovod's, commits the whole state
     check_weights_at_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
 

@@ -69,7 +69,7 @@ def test_a_renamed_name_still_answers_with_a_deprecation_warning():
     from hvdkit.runtime.context import Context
 
     ctx = Context(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1, mode="tensorflow")
-    with pytest.warns(DeprecationWarning, match="Context.mode"):
+    with pytest.warns(FutureWarning, match="Context.mode"):
         assert ctx.backend == "tensorflow"
 
 
@@ -78,8 +78,20 @@ def test_the_old_argtypes_path_still_imports_with_a_deprecation_warning():
     import sys
 
     sys.modules.pop("hvdkit.common.argtypes", None)
-    with pytest.warns(DeprecationWarning, match="import hvdkit.argtypes"):
+    with pytest.warns(FutureWarning, match="import hvdkit.argtypes"):
         old = importlib.import_module("hvdkit.common.argtypes")
     from hvdkit.argtypes import positive_int
 
     assert old.positive_int is positive_int
+
+
+def test_the_old_keras_mode_module_still_imports_with_a_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("hvdkit.keras.backend", None)
+    with pytest.warns(FutureWarning, match="import hvdkit.keras.mode"):
+        old = importlib.import_module("hvdkit.keras.backend")
+    from hvdkit.keras.mode import use_backend
+
+    assert old.use_backend is use_backend

@@ -67,6 +67,19 @@ def test_step_clock_leaves_out_the_time_the_thread_waited_for_a_core():
     assert clock.take() == (2, pytest.approx(0.050))
 
 
+def test_step_clock_counts_a_core_wait_inside_the_allreduce_wait_once_and_none_across_threads():
+    """A wait that spins also waits for a core: those seconds are in the allreduce wait already. And the core wait
+    is per thread: a step that ends on another thread than the last keeps its wall time less the waits."""
+    now, core = iter([0.0, 0.060, 0.120]), iter([1.0, 1.030, 1.030])
+    threads = iter([7, 7, 8])
+    clock = StepClock(clock=lambda: next(now), core_wait=lambda: next(core), thread=lambda: next(threads))
+    clock.step_done()
+    clock.add_wait(0.020, core_s=0.010)       # 20 ms waiting for the others, 10 of them for a core
+    clock.step_done()                         # 60 ms - 20 waiting - (30 - 10) for a core = 20 ms
+    clock.step_done()                         # another thread: 60 ms, no core term
+    assert clock.take() == (2, pytest.approx(0.080))
+
+
 def test_core_wait_grows_while_another_process_holds_this_threads_core():
     if not os.path.exists("/proc/thread-self/schedstat"):
         pytest.fail("no /proc/thread-self/schedstat: the straggler line cannot leave out the host's load here")
