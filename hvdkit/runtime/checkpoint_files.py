@@ -227,8 +227,11 @@ def unreadable(path: str, exc: BaseException) -> CheckpointError:
 def verify_loaded(path: str, found_format: Any, fmt: str, content: Any,
                   tensor_bytes: TensorBytes = numpy_bytes) -> None:
     """Raise unless ``content`` (what a load read, digest included) is an intact checkpoint of format ``fmt``."""
+    kind = fmt.rsplit("/", 1)[0]
+    if isinstance(found_format, str) and found_format.startswith(kind + "/") and found_format != fmt:
+        raise CheckpointError(f"{path!r} is an {found_format} checkpoint, a format this hvdkit does not read (it "
+                              f"reads {fmt}): load it with the hvdkit that wrote it and save it again")
     if found_format != fmt:
-        kind = fmt.rsplit("/", 1)[0]
         raise CheckpointError(f"{path!r} is not an {kind} checkpoint: save it with {kind}.save_checkpoint")
     why = check_digest(content, tensor_bytes)
     if why is not None:

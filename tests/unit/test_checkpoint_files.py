@@ -249,3 +249,12 @@ def test_files_follow_the_umask_as_torch_save_does(tmp_path, umask, mode):
     finally:
         os.umask(old)
     assert (tmp_path / "ckpt.pt").stat().st_mode & 0o777 == mode
+
+
+def test_a_checkpoint_of_a_format_no_longer_read_is_named_with_the_way_out():
+    from hvdkit.runtime.checkpoint_files import verify_loaded
+
+    with pytest.raises(CheckpointError, match="an hvdkit.keras/2 checkpoint, a format this hvdkit does not read"):
+        verify_loaded("old.npz", "hvdkit.keras/2", "hvdkit.keras/3", {})
+    with pytest.raises(CheckpointError, match="is not an hvdkit.torch checkpoint"):
+        verify_loaded("x.pt", None, "hvdkit.torch/2", {})
