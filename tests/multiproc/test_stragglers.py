@@ -12,8 +12,9 @@ LINE = re.compile(r"\[(\d)\]<stderr>:hvdkit: rank (\d) is a straggler, (\d) epoc
                   r"epoch against a median of ([\d.]+) ms")
 
 
-def straggler_lines(tmp_path, worker: str, *args: str) -> list[tuple[int, int, int, float, float]]:
-    cmd = horovodrun_cmd(2, [str(WORKERS / worker), "--out", str(tmp_path), *args])
+def straggler_lines(tmp_path, worker: str, *args: str,
+                    controller: str = "gloo") -> list[tuple[int, int, int, float, float]]:
+    cmd = horovodrun_cmd(2, [str(WORKERS / worker), "--out", str(tmp_path), *args], controller)
     job = run_job(cmd, timeout=240)
     assert job.returncode == 0, job.stdout[-3000:]
     assert [r["size"] for r in read_rank_results(tmp_path, 2, job.stdout)] == [2, 2]
@@ -48,10 +49,12 @@ def test_keras_balanced_job_prints_no_straggler_line(tmp_path, mode):
     assert straggler_lines(tmp_path, "keras_straggler.py", "--mode", mode, "--epochs", "3") == []
 
 
-def test_torch_does_not_name_a_rank_slowed_only_by_other_processes_on_its_core(tmp_path):
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_torch_does_not_name_a_rank_slowed_only_by_other_processes_on_its_core(tmp_path, controller):
     # Rank 0 shares CPU 0 with three busy processes (rank 1 has CPU 1 alone): its 20 ms of work a step takes several
     # times as long in wall time, but the extra is time its thread waited for the core, the host's load.
-    lines = straggler_lines(tmp_path, "torch_straggler.py", "--hogs", "3", "--busy-ms", "20", "--epochs", "3")
+    lines = straggler_lines(tmp_path, "torch_straggler.py", "--hogs", "3", "--busy-ms", "20", "--epochs", "3",
+                            controller=controller)
     results = read_rank_results(tmp_path, 2, "")
     assert results[0]["core_wait_s"] > 2 * results[1]["core_wait_s"] + 1.0, results   # the busy processes held CPU 0
     assert lines == [], lines
