@@ -24,8 +24,14 @@ from typing import Any, BinaryIO
 import hvdkit
 from hvdkit.runtime import context
 from hvdkit.runtime.checkpoint_files import read_on_root, save_to
-from hvdkit.runtime.lr import check_on_resize, job_lr_scale, resume_lr_factor, resumed_rate_line
-from hvdkit.runtime.optimizer_record import attach, op_of, record_of
+from hvdkit.runtime.lr import (
+    check_on_resize,
+    job_lr_scale,
+    resume_lr_factor,
+    resumed_global_batch_line,
+    resumed_rate_line,
+)
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
 
 log = logging.getLogger("hvdkit.checkpoint")
 
@@ -46,6 +52,9 @@ def header(fmt: str, ctx, optimizer, extra: dict, step: int | None) -> dict:
     record = None if optimizer is None else record_of(optimizer)
     if record is not None and record.warmup_target is not None:
         head["warmup_target"] = float(record.warmup_target)
+    if record is not None and record.global_batch is not None:
+        plan = record.global_batch.plan
+        head["global_batch"] = {"global_batch": plan.global_batch, "micro_batch": plan.micro_batch}
     return head
 
 
@@ -94,6 +103,10 @@ def load(path: str | os.PathLike, *, adapter: str, suffix: str, read: Callable[[
         changed = set_rates(body, factor)
         if factor != 1.0 and changed is not None and ctx.is_main:
             log.warning(resumed_rate_line(head.get("world_size"), ctx.size, *changed))
+        loader = (record_of(optimizer) or OptimizerRecord()).global_batch
+        if loader is not None and ctx.is_main and head.get("world_size") != ctx.size:
+            log.warning(resumed_global_batch_line(head.get("world_size"), ctx.size, head.get("global_batch"),
+                                                  loader.plan))
         if head.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size
             attach(optimizer, warmup_target=head["warmup_target"] * factor)
     return head["extra"]

@@ -161,3 +161,21 @@ def resumed_rate_line(saved_size: int | None, size: int, before: float, after: f
     """
     return (f"hvdkit resume: a checkpoint of {saved_size} ranks on {size}: learning rate {before:g} -> {after:g}, "
             "as scale_lr gives for this size (load_checkpoint(..., on_resize='error') refuses another size)")
+
+
+def resumed_global_batch_line(saved_size: int | None, size: int, saved: dict | None, plan) -> str:
+    """The resume line of a fixed global batch (rank 0): the rate is kept, since the batch it was set for is.
+
+    ``saved`` is the checkpoint's ``{"global_batch", "micro_batch"}`` (None: written in the per-rank mode),
+    ``plan`` this job's :class:`hvdkit.runtime.global_batch.GlobalBatch`.
+    """
+    now = plan.describe(size)
+    if saved is None:
+        return (f"hvdkit resume: a checkpoint of {saved_size} ranks, written with a per-rank batch, on {size} with a "
+                f"{now}: learning rate kept as the checkpoint has it")
+    if (saved["global_batch"], saved["micro_batch"]) != (plan.global_batch, plan.micro_batch):
+        return (f"hvdkit resume: a checkpoint of {saved_size} ranks with global batch {saved['global_batch']} "
+                f"(micro-batch {saved['micro_batch']}) on {size} with a {now}: learning rate kept, and the steps "
+                "differ from the run that wrote it")
+    return (f"hvdkit resume: a checkpoint of {saved_size} ranks on {size}: the {now}, the same steps, so the "
+            "learning rate is kept")

@@ -31,6 +31,7 @@ class OptimizerRecord:
     local_step: bool = False            # torch Adasum: True while its per-parameter local steps run
     warmup_target: float | None = None  # Keras: the rate hk.callbacks()'s warmup ramps to
     allreduce_timer: Any = None         # Keras 3: the allreduce's seconds, for the straggler line
+    global_batch: Any = None            # the fixed global batch's loader, when there is one (torch: global_batch.py)
 
 
 def record_of(optimizer) -> OptimizerRecord | None:

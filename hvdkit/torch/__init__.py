@@ -25,6 +25,7 @@ from hvdkit.torch import elastic
 from hvdkit.torch.checkpoint import CheckpointError, check_checkpoint_path, load_checkpoint, save_checkpoint
 from hvdkit.torch.context import Context, current, init, seed_everything
 from hvdkit.torch.data import ResumableDistributedSampler, ShardSampler, distributed_loader, eval_loader, shard_arrays
+from hvdkit.torch.global_batch import GlobalBatchLoader, GlobalStep, global_batch_loader
 from hvdkit.torch.metrics import allreduce_sum, evaluate, torchmetrics_sync
 from hvdkit.torch.optimizer import DistributedOptimizer, broadcast_state, scale_lr, step, warmup_scheduler
 from hvdkit.torch.stragglers import report_stragglers
@@ -33,11 +34,12 @@ SyncBatchNorm = hvd.SyncBatchNorm
 """Horovod's ``torch.nn`` BatchNorm with statistics over all ranks (Keras: ``SyncBatchNormalization``)."""
 
 __all__ = [
-    "CheckpointError", "Context", "DistributedOptimizer", "NoGPUError", "NonFiniteGradientError", "PreemptionGuard",
+    "CheckpointError", "Context", "DistributedOptimizer", "GlobalBatchLoader", "GlobalStep", "NoGPUError",
+    "NonFiniteGradientError", "PreemptionGuard",
     "REQUEUE_EXIT_CODE",
     "ResumableDistributedSampler", "ShardSampler", "SyncBatchNorm", "UserError",
     "allreduce_sum", "broadcast_state", "check_checkpoint_path", "current", "distributed_loader", "elastic",
-    "eval_loader", "evaluate",
+    "eval_loader", "evaluate", "global_batch_loader",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "report_stragglers",
     "save_checkpoint",
     "scale_lr", "seed_everything", "shard_arrays", "step", "torchmetrics_sync", "warmup_scheduler",

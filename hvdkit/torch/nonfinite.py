@@ -28,6 +28,7 @@ class NonFiniteCheck:
         self.names = optimizer._parameter_names
         self.own: list[tuple[torch.Tensor, torch.Tensor]] = []   # (parameter, sum of its gradient), this step
         self.steps = 0
+        self.armed = False        # a step is due although this rank computed no gradient (a fixed global batch)
         # Horovod's accumulators, in its order: param_groups' parameters that require a gradient.
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, accumulator in zip(params, optimizer._grad_accs):
@@ -39,6 +40,12 @@ class NonFiniteCheck:
     def forget_step(self) -> None:
         """The step in flight was dropped (an elastic reset): its gradient sums go with it."""
         self.own.clear()
+        self.armed = False
+
+    def expect_step(self) -> None:
+        """The next ``step()`` checks even with no gradient of this rank's own: a global-batch step this rank
+        took no micro-batch of still sums the others', and joins the gather when they are not finite."""
+        self.armed = True
 
     def watch(self, p: torch.Tensor, accumulator) -> None:
         accumulator.register_prehook(self._before_accumulation(p))
@@ -52,9 +59,10 @@ class NonFiniteCheck:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         # torch runs step pre-hooks twice under Horovod's class (its step and the original's): once is enough.
-        if not self.own:
+        if not self.own and not self.armed:
             return
-        own, self.own = self.own, []     # (a step a GradScaler skipped leaves them to the next: a stale name at worst)
+        # (A step a GradScaler skipped leaves them to the next: a stale name at worst.)
+        own, self.own, self.armed = self.own, [], False
         self.steps += 1
         optimizer.synchronize()           # a no-op when backward() already averaged (hvdkit.torch.optimizer)
         # Only what was averaged, so every rank sees the same values and takes the same branch.

@@ -41,7 +41,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
                          compression: str = "none", backward_passes_per_step: int = 1,
                          op: str = "average", gradient_predivide_factor: float = 1.0,
                          sparse_as_dense: bool = False, check_finite: bool = True,
-                         shard_optimizer_state: bool = False) -> torch.optim.Optimizer:
+                         shard_optimizer_state: bool = False, global_batch=None) -> torch.optim.Optimizer:
     """Step 3: average gradients across ranks with Horovod's ring-allreduce.
 
     ``model`` supplies parameter names (so Horovod's tensor names match on all
@@ -56,6 +56,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     optimizer state on each rank (ZeRO stage 1, :mod:`hvdkit.torch.sharded`):
     gradients are averaged as before, each rank updates its slice of every
     parameter, and the slices are all-gathered after ``step()``.
+    ``global_batch=loader`` (an :func:`hvdkit.torch.global_batch_loader`)
+    makes each step the mean over that loader's fixed global batch, whatever
+    the number of ranks (:mod:`hvdkit.torch.global_batch`): the rate is then
+    the global batch's own, not ``scale_lr``'s.
     """
     ctx = current()
     if _is_wrapped(optimizer):
@@ -71,6 +75,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     op, compression = job_reduce_options(backend, ctx.size, op, compression)
     if backward_passes_per_step < 1:
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if global_batch is not None:
+        op = _check_global_batch(global_batch, op, backward_passes_per_step)
     if shard_optimizer_state:
         sharded.check_supported(type(optimizer))
     if shard_optimizer_state and op == "adasum":
@@ -120,8 +126,31 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     if shard_optimizer_state and (ctx.size > 1 or topology.is_elastic()):
         sharded.shard(wrapped, ctx.rank, ctx.size)
         register_sharded_handler()      # an elastic state, hvdkit's or Horovod's, commits the whole state
+    if global_batch is not None:
+        attach(wrapped, global_batch=global_batch)
+        global_batch.bind(wrapped, [p for g in wrapped.param_groups for p in g["params"]])
     check_weights_at_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
     return wrapped
+
+
+def _check_global_batch(loader, op: str, backward_passes_per_step: int) -> str:
+    """The op a global-batch optimizer reduces with: a sum of the micro-batches' weighted gradients."""
+    from hvdkit.torch.global_batch import GlobalBatchLoader
+
+    if not isinstance(loader, GlobalBatchLoader):
+        raise UserError(f"global_batch takes the loader made by hk.global_batch_loader(), got {type(loader).__name__}:"
+                        " build it with hk.global_batch_loader(dataset, global_batch=...)")
+    if op != "average":
+        raise UserError(f"global_batch sums each micro-batch's weighted gradient into the step's mean, so op={op!r} "
+                        "has no place: leave op at its default")
+    if backward_passes_per_step != 1:
+        raise UserError("global_batch decides how many backward passes a rank takes each step: leave "
+                        "backward_passes_per_step at 1 and give micro_batch to hk.global_batch_loader instead")
+    if context.scales_lr():
+        raise UserError("hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the "
+                        "rate does not depend on them: pass the rate for the global batch itself "
+                        "(lr=0.1, not hk.scale_lr(0.1))")
+    return "sum"
 
 
 def _zero_grad(self, set_to_none: bool = True) -> None:
@@ -255,6 +284,10 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int | None 
         decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
         # warmup.step() after every batch, decay.step() after every epoch
     """
+    if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+        raise UserError("warmup_scheduler ramps up from rate / size, which changes with the number of ranks, and a "
+                        "fixed global batch keeps one rate at any size: for a warmup of your own use "
+                        "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=steps)")
     total = count_warmup_steps(warmup_steps, warmup_epochs, steps_per_epoch)
     start = 1.0 / current().size if total else 1.0
     return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=start, end_factor=1.0,
