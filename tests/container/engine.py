@@ -50,6 +50,33 @@ class EngineError(RuntimeError):
     pass
 
 
+# The tier's engine added 27.3 GB to the disk at most in one run from an empty data root, both flavours built
+# with HVDKIT_IMAGE_TIER_PRUNE=1 as CI builds them (df every 5 s, stop 60): that and room for the rest.
+DISK_NEEDED_GB = 40
+
+
+def check_disk(data_root: Path, need_gb: float = DISK_NEEDED_GB) -> None:
+    """Refuse, in one line naming the fix, to start on a disk that cannot hold the tier's layers.
+
+    Layers the data root already holds (a developer's warm cache) count as room: a rebuild reuses them. Without
+    this, a full disk surfaced half an hour in as "no space left on device" in the middle of a COPY step."""
+    probe = data_root
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free >= need_gb * 1e9:
+        return
+    held = 0
+    if data_root.exists():
+        du = subprocess.run(["du", "-sx", "--bytes", str(data_root)], capture_output=True, text=True)
+        held = int(du.stdout.split()[0]) if du.returncode == 0 and du.stdout else 0
+    if free + held >= need_gb * 1e9:
+        return
+    raise EngineError(f"the image tier needs about {need_gb:g} GB for its engine at {data_root} and that disk has "
+                      f"{free / 1e9:.1f} GB free: free space there (an earlier run's engine directory, old "
+                      "/tmp/pytest-of-* directories) or set HVDKIT_CACHE_DIR to a disk with room")
+
+
 def base_images(dockerfile: Path) -> list[str]:
     """The images the Dockerfile's FROM lines pull, with its ARG defaults filled in (not its own stages).
 
@@ -128,6 +155,7 @@ class Engine:
         self.stop()
 
     def start(self) -> None:
+        check_disk(self.data_root)
         for tool in (DOCKERD, DOCKER):
             if not os.access(tool, os.X_OK):
                 raise EngineError(f"{tool} not found: apt-get install docker.io "
