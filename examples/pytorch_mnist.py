@@ -45,7 +45,11 @@ def parse_args():
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=12)
-    p.add_argument("--batch-size", type=positive_int, default=32, help="per process")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="per process (with --global-batch: the micro-batch)")
+    p.add_argument("--global-batch", type=positive_int, metavar="N",
+                   help="the same N samples a step at any number of processes (docs/GLOBAL_BATCH.md): the model a "
+                        "resumed or resized job ends with does not depend on them; --lr is then N's own rate")
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
     p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
     p.add_argument("--seed", type=int, default=42)
@@ -89,16 +93,22 @@ def main():
         raise SystemExit(f"error: {exc}") from None
     train_set = TensorDataset(torch.from_numpy(data.x_train).unsqueeze(1), torch.from_numpy(data.y_train))
     test_set = TensorDataset(torch.from_numpy(data.x_test).unsqueeze(1), torch.from_numpy(data.y_test))
-    train_loader = hk.distributed_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)  # hvdkit: shard
+    if args.global_batch:  # hvdkit: steps of the same samples at any -np, split into micro-batches
+        train_loader = hk.global_batch_loader(train_set, args.global_batch, args.batch_size, seed=args.seed)
+    else:
+        train_loader = hk.distributed_loader(train_set, args.batch_size, shuffle=True, seed=args.seed)  # hvdkit: shard
     test_loader = hk.eval_loader(test_set, batch_size=256)  # hvdkit: unpadded shard for exact accuracy
     per_epoch = len(train_loader)
 
     model = Net().to(ctx.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=hk.scale_lr(args.lr), momentum=0.9)  # hvdkit: lr x size
+    lr = args.lr if args.global_batch else hk.scale_lr(args.lr)  # hvdkit: lr x size, unless the batch is fixed
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     optimizer = hk.DistributedOptimizer(optimizer, model, compression=args.compression,  # hvdkit: average gradients
-                                        shard_optimizer_state=args.shard_optimizer_state)
-    # hvdkit: from rate/size up to the scaled rate over the first epochs
-    scheduler = hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs, steps_per_epoch=per_epoch)
+                                        shard_optimizer_state=args.shard_optimizer_state,
+                                        global_batch=train_loader if args.global_batch else None)
+    # hvdkit: from rate/size up to the scaled rate over the first epochs (a fixed global batch keeps one rate)
+    scheduler = None if args.global_batch else hk.warmup_scheduler(optimizer, warmup_epochs=args.warmup_epochs,
+                                                                   steps_per_epoch=per_epoch)
     start_epoch, start_sample, extra = 0, 0, None
     if checkpoint:
         try:  # hvdkit: a read-only or full checkpoint directory stops the job now, not after an epoch
@@ -130,29 +140,38 @@ def main():
     if ctx.is_main:  # hvdkit:
         log.info(f"{args.dataset}: {len(train_set)} train / {len(test_set)} test samples, "
                  f"{ctx.size} processes on {ctx.cross_size} host(s) x batch {args.batch_size}, "
-                 f"lr {hk.scale_lr(args.lr):g}")
+                 + (f"global batch {args.global_batch}, " if args.global_batch else "") + f"lr {lr:g}")
     start = time.time()
     metrics = hk.evaluate(model, test_loader) if start_epoch >= args.epochs else None  # resumed a finished run
     for epoch in range(start_epoch, args.epochs):
         model.train()
         # hvdkit: the same shuffle on all ranks; a resumed epoch goes on from the sample it stopped at
-        train_loader.sampler.set_epoch(epoch, start_sample=start_sample)
+        if args.global_batch:
+            train_loader.set_epoch(epoch, start_step=start_sample // args.global_batch)
+        else:
+            train_loader.sampler.set_epoch(epoch, start_sample=start_sample)
         batches = hk.progress(train_loader, ctx.rank, desc=f"epoch {epoch + 1}/{args.epochs}")  # hvdkit:
         loss_sum, seen = 0.0, 0
-        for batch, (x, y) in enumerate(batches):
-            x, y = x.to(ctx.device), y.to(ctx.device)
+        for batch, item in enumerate(batches):
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            # hvdkit: with --global-batch, an item is one step: this process's micro-batches of it (maybe none)
+            for x, y in item if args.global_batch else [item]:
+                x, y = x.to(ctx.device), y.to(ctx.device)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                loss_sum, seen = loss_sum + loss.item() * len(x), seen + len(x)
             optimizer.step()
-            scheduler.step()
-            loss_sum, seen = loss_sum + loss.item() * len(x), seen + len(x)
+            if scheduler is not None:
+                scheduler.step()
             if guard is not None and guard.requested():  # hvdkit: the same answer on every rank
+                done = (min(train_loader.steps_done * args.global_batch, len(train_set)) if args.global_batch
+                        else train_loader.sampler.position(batch + 1))
                 # hvdkit: rank 0 writes; no rank exits 75 until the checkpoint is on disk
                 guard.save_and_exit(save, checkpoint, bool(args.checkpoint_dir), model, optimizer, scheduler,
-                                    epoch, train_loader.sampler.position(batch + 1), len(train_set))
+                                    epoch, done, len(train_set))
         start_sample = 0
-        train_loss = hk.metric_average(loss_sum / max(seen, 1), "train_loss")  # hvdkit: the epoch's mean, all ranks
+        loss_total, count = hk.allreduce_sum([loss_sum, seen], "train_loss").tolist()  # hvdkit: over all ranks
+        train_loss = loss_total / max(count, 1)
         metrics = hk.evaluate(model, test_loader)  # hvdkit: exact over the whole test set
         if ctx.is_main:  # hvdkit:
             log.info(f"epoch {epoch + 1}: train loss {train_loss:.4f}  test loss {metrics['loss']:.4f}  "
