@@ -46,7 +46,8 @@ def largest_difference(a, b) -> float:
     return max(abs(u - v) for u, v in zip(a, b))
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+# MPI here, Gloo in the two below: each controller at least once, at the cost of one schedule.
+@pytest.mark.parametrize("controller", ["mpi"])
 def test_torch_preempted_on_2_resumed_on_3_finished_on_1_ends_where_4_ranks_end(tmp_path, controller):
     job(4, tmp_path / "reference", tmp_path / "unused", controller=controller)
     reference = read_rank_results(tmp_path / "reference", 4, "")
