@@ -67,3 +67,80 @@ def test_a_schedulers_state_dict_passed_as_scheduler_is_one_line_naming_the_fix(
     assert [line.split("(")[0] for line in lines] == ["hk.save_checkpoint", "hk.load_checkpoint"], proc.stdout
     for line in lines:
         assert "takes the LR scheduler itself, not dict" in line and "not sched.state_dict()" in line, line
+
+
+GLOBAL_BATCH_MISTAKES = r'''
+import torch, torch.nn.functional as F, hvdkit.torch as hk
+from torch.utils.data import TensorDataset
+hk.init()
+data = TensorDataset(torch.randn(20, 3), torch.randint(0, 2, (20,)))
+
+def fresh(**kwargs):
+    loader = hk.global_batch_loader(data, 8, 4, num_workers=0)
+    model = torch.nn.Linear(3, 2)
+    return loader, model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+def says(what, call):
+    try:
+        call()
+    except hk.UserError as exc:
+        print(what, "|", exc)
+    else:
+        print(what, "| no error")
+
+says("batch_size", lambda: hk.global_batch_loader(data, 8, batch_size=4))
+loader, model, opt = fresh()
+says("op", lambda: hk.DistributedOptimizer(opt, model, global_batch=loader, op="adasum"))
+says("passes", lambda: hk.DistributedOptimizer(opt, model, global_batch=loader, backward_passes_per_step=2))
+says("not a loader", lambda: hk.DistributedOptimizer(opt, model, global_batch=8))
+says("unbound", lambda: next(iter(loader)))
+opt = hk.DistributedOptimizer(opt, model, global_batch=loader)
+says("warmup", lambda: hk.warmup_scheduler(opt, warmup_steps=5))
+
+def skip_micro_batches():
+    for step in loader:
+        opt.zero_grad()
+        opt.step()
+says("skipped", skip_micro_batches)
+
+def no_step():
+    loader.set_epoch(1)
+    for step in loader:
+        for x, y in step:
+            F.cross_entropy(model(x), y).backward()
+says("no step", no_step)
+hk.init()
+loader, model, opt = fresh()
+hk.scale_lr(0.1)
+says("scale_lr", lambda: hk.DistributedOptimizer(opt, model, global_batch=loader))
+'''
+
+
+def test_a_global_batch_used_wrongly_is_one_line_naming_the_fix():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", GLOBAL_BATCH_MISTAKES], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = dict(line.split(" | ", 1) for line in proc.stdout.splitlines())
+    assert said == {
+        "batch_size": "global_batch_loader cuts the batches itself: leave out batch_size= (the DataLoader keyword), "
+                      "and give global_batch, micro_batch, shuffle or drop_last",
+        "op": "global_batch sums each micro-batch's weighted gradient into the step's mean, so op='adasum' has no "
+              "place: leave op at its default",
+        "passes": "global_batch decides how many backward passes a rank takes each step: leave "
+                  "backward_passes_per_step at 1 and give micro_batch to hk.global_batch_loader instead",
+        "not a loader": "global_batch takes the loader made by hk.global_batch_loader(), got int: build it with "
+                        "hk.global_batch_loader(dataset, global_batch=...)",
+        "unbound": "the global-batch loader has no optimizer: pass it to hk.DistributedOptimizer(optimizer, model, "
+                   "global_batch=loader) before iterating it",
+        "warmup": "warmup_scheduler ramps up from rate / size, which changes with the number of ranks, and a fixed "
+                  "global batch keeps one rate at any size: for a warmup of your own use "
+                  "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=steps)",
+        "skipped": "step 0's micro-batches were not all taken (for x, y in step: ...) before the next step: iterate "
+                   "each step to its end, or the ranks' gradients would not pair",
+        "no step": "step 0 ended without optimizer.step(): call it once per step, after the step's micro-batches",
+        "scale_lr": "hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the rate "
+                    "does not depend on them: pass the rate for the global batch itself (lr=0.1, not "
+                    "hk.scale_lr(0.1))",
+    }, proc.stdout
