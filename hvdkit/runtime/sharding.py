@@ -163,8 +163,10 @@ def check_same_loads(backend, caller: str, held, fix: str) -> None:
     except Exception as exc:
         # The stall inspector ended Horovod, or (outside an elastic job, whose reset handles a lost rank) the
         # others' connections closed as they exited: either way they never came.
-        lost = type(exc).__name__ == "HorovodInternalError" and not topology.is_elastic()
-        if "shut down" in str(exc) or lost:
+        failed = type(exc).__name__ == "HorovodInternalError"
+        if failed and topology.is_elastic():
+            raise               # a lost worker: the elastic run restores the last commit and goes on
+        if "shut down" in str(exc) or failed:
             raise alone("Horovod has been shut down while this rank waited for the others, which had finished or "
                         "were in another collective") from exc
         raise

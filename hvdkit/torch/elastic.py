@@ -43,6 +43,7 @@ from hvdkit.runtime import context
 from hvdkit.runtime.elastic import ElasticCommits, run
 from hvdkit.torch.averaging import abandon_window
 from hvdkit.torch.context import ADAPTER, current
+from hvdkit.torch.global_batch import GlobalBatchLoader
 from hvdkit.torch.tensors import to_cpu
 
 
@@ -79,9 +80,14 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
                  step: int = 0, sampler=None, **kwargs):
         current()
         register_sharded_handler()          # Horovod's TorchState picks each handler from it below
-        if sampler is not None and not isinstance(sampler, hvd.elastic.ElasticSampler):
+        if sampler is not None and not isinstance(sampler, (hvd.elastic.ElasticSampler, GlobalBatchLoader)):
             raise UserError(f"sampler is a {type(sampler).__name__}: build the loader with hk.elastic.elastic_loader() "
-                            "so the data is re-sharded when workers come and go")
+                            "(or hk.global_batch_loader()) so the data is re-sharded when workers come and go")
+        if isinstance(sampler, GlobalBatchLoader):
+            if base_lr is not None:
+                raise UserError("base_lr is rescaled to base_lr x size at each reset, and a fixed global batch keeps "
+                                "one rate at any size: leave base_lr out (the optimizer's rate stays)")
+            register_global_batch_handler()
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):
             base_lr = [base_lr] * groups
@@ -120,7 +126,8 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
             group["lr"] = rate
 
     def _consume(self, samples: int) -> None:
-        if getattr(self, "train_sampler", None) is not None:
+        # A global-batch loader counts its own steps (as optimizer.step() returns).
+        if isinstance(getattr(self, "train_sampler", None), hvd.elastic.ElasticSampler):
             self.train_sampler.record_batch(0, samples)
 
     def _start_epoch(self) -> None:
@@ -218,6 +225,32 @@ class ShardedOptimizerHandler(hvd.elastic.state.StateHandler):
         if rank != root:
             sharded.reshard(self.value, rank, backend.size(), state)
         self._saved_optimizer_state = state
+
+
+class GlobalBatchHandler(hvd.elastic.state.StateHandler):
+    """A fixed global batch's place in the run (epoch, steps done), committed with the model: after a reset the
+    steps go on from the commit's, cut for the new world size. The loader itself (its dataset) is not copied."""
+
+    def __init__(self, loader: GlobalBatchLoader):
+        super().__init__(loader)
+        self.save()
+
+    def save(self):
+        self._saved = self.value.state_dict()
+
+    def restore(self):
+        self.value.load_state_dict(self._saved)
+
+    def sync(self):
+        self.value.load_state_dict(_backend().broadcast_object(self.value.state_dict(), root_rank=0,
+                                                               name="hvdkit.elastic.global_batch"))
+
+
+def register_global_batch_handler() -> None:
+    """Put :class:`GlobalBatchHandler` in Horovod's registry, once: without it the state would pickle the loader."""
+    registry = hvd.elastic.state.get_handler_registry()
+    if not any(handler is GlobalBatchHandler for _, handler in registry):
+        hvd.elastic.state.set_handler_registry([*registry, (GlobalBatchLoader, GlobalBatchHandler)])
 
 
 def _detached(state_dict: dict) -> dict:

@@ -124,6 +124,15 @@ class GlobalBatchLoader:
         """The steps left in this epoch."""
         return self.plan.steps_per_epoch() - self.steps_done
 
+    def state_dict(self) -> dict:
+        """Where the run stands (for a checkpoint's extra, or an elastic commit): the same on every rank."""
+        return {"epoch": self.epoch, "steps_done": self.steps_done, "global_batch": self.plan.global_batch,
+                "micro_batch": self.plan.micro_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from ``state`` (:meth:`state_dict`'s), on any world size."""
+        self.set_epoch(state["epoch"], start_step=state["steps_done"])
+
     @property
     def steps_per_epoch(self) -> int:
         return self.plan.steps_per_epoch()
@@ -185,6 +194,7 @@ class GlobalBatchLoader:
     def _begin(self, step: GlobalStep) -> None:
         """Before a step's first micro-batch: Horovod reduces after this rank's last one (one reduction a step)."""
         opt = self.optimizer
+        self.weight = None
         passes = max(len(step.mine), 1)
         if hasattr(opt, "_allreduce_delay"):
             opt.backward_passes_per_step = passes

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, read_rank_results, run_job, signal_job
+from tests.conftest import (
+    ROOT,
+    WORKERS,
+    horovodrun_cmd,
+    hvdkit_cmd,
+    job_env,
+    read_rank_results,
+    run_job,
+    signal_job,
+)
 from tests.multiproc.test_preemption import example_result
 
 pytestmark = pytest.mark.multiproc
@@ -138,3 +147,33 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
           f"accuracy {reference['test_accuracy']:.4f} and {finished['test_accuracy']:.4f}")
     assert apart <= max(10 * order, 2e-3), (apart, order)
     assert abs(finished["test_accuracy"] - reference["test_accuracy"]) <= 0.005
+
+
+def elastic_job(tmp_path: Path, name: str, *extra: str) -> tuple[dict, str]:
+    """workers/torch_elastic_global_batch.py under hvdkit launch, elastic between 1 and 2 processes."""
+    hosts, out = tmp_path / f"{name}-hosts", tmp_path / f"{name}.json"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    argv = hvdkit_cmd("launch", "-np", "2", "--min-np", "1", "--max-np", "2",
+                      "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"), "--",
+                      sys.executable, str(WORKERS / "torch_elastic_global_batch.py"), "--out", str(out), *extra)
+    proc = run_job(argv, timeout=300, env=job_env(HVDKIT_ELASTIC_HOSTS=str(hosts)))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.parametrize("when", ["in-the-sum", "after-the-step"])
+def test_torch_an_elastic_job_that_loses_a_worker_mid_epoch_ends_where_the_uninterrupted_one_does(tmp_path, when):
+    """30 steps of 12 samples (20 an epoch) on 2 workers; in the second run rank 1 dies at step 8, inside the
+    step's sum or after its optimizer.step() and before its commit: the survivor restores the commit of step 7
+    (model, optimizer and the loader's place) and does the rest alone, with the same steps."""
+    reference, _ = elastic_job(tmp_path, "reference")
+    lost, output = elastic_job(tmp_path, "lost", "--kill-at", "7", *(["--kill-after"] if when == "after-the-step"
+                                                                     else []))
+    assert (reference["size"], reference["step"]) == (2, 30)
+    assert (lost["size"], lost["step"]) == (1, 30), output[-4000:]
+    assert "hvdkit:" not in output.replace("hvdkit launch", ""), output[-4000:]
+    for mine, theirs in zip(reference["params"], lost["params"]):
+        assert largest_difference(mine, theirs) < 1e-10
+    for mine, theirs in zip(reference["optimizer"], lost["optimizer"]):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert largest_difference(mine[key], theirs[key]) < 1e-10, key
