@@ -104,7 +104,11 @@ def load(path: str | os.PathLike, *, adapter: str, suffix: str, read: Callable[[
         if factor != 1.0 and changed is not None and ctx.is_main:
             log.warning(resumed_rate_line(head.get("world_size"), ctx.size, *changed))
         loader = (record_of(optimizer) or OptimizerRecord()).global_batch
-        if loader is not None and ctx.is_main and head.get("world_size") != ctx.size:
+        plan = None if loader is None else loader.plan
+        saved = head.get("global_batch")
+        if loader is not None and ctx.is_main and (head.get("world_size") != ctx.size or saved is None
+                                                   or (saved["global_batch"], saved["micro_batch"])
+                                                   != (plan.global_batch, plan.micro_batch)):
             log.warning(resumed_global_batch_line(head.get("world_size"), ctx.size, head.get("global_batch"),
                                                   loader.plan))
         if head.get("warmup_target") is not None:     # saved mid-warmup: the rate it ramps to, for this size

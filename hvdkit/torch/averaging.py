@@ -166,10 +166,7 @@ class AverageWhenBackwardReturns:
         if not fresh:
             return []
         if record_of(opt).global_batch is not None:
-            # Its gradient of this pass went in unweighted (the loader weighs those hooked when it was bound).
-            raise UserError(f"{len(fresh)} parameter(s) need a gradient since DistributedOptimizer(global_batch=...) "
-                            "wrapped the optimizer, and a fixed global batch weighs only those that needed one then: "
-                            "unfreeze them before wrapping")
+            record_of(opt).global_batch.check_weighed()     # raises: its gradient of this pass went in unweighted
         # Where the others stand in the window of backward_passes_per_step passes (the fewest passes left):
         # unfrozen between two of its passes, a parameter's allreduce starts with theirs, not one window later.
         left = min((opt._allreduce_delay[q] for q in self._averaged_now() if q in opt._handles),

@@ -87,6 +87,10 @@ class ElasticState(ElasticCommits, hvd.elastic.TorchState):
             if base_lr is not None:
                 raise UserError("base_lr is rescaled to base_lr x size at each reset, and a fixed global batch keeps "
                                 "one rate at any size: leave base_lr out (the optimizer's rate stays)")
+            if not sampler.micro_batch_given:
+                raise UserError("without micro_batch, hk.global_batch_loader cuts micro-batches for the size it was "
+                                "built at, and a worker that joins an elastic job would cut them for another: give "
+                                "micro_batch= (the same in every process)")
             register_global_batch_handler()
         groups = len(optimizer.param_groups)
         if base_lr is not None and not isinstance(base_lr, (list, tuple)):

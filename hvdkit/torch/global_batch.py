@@ -62,7 +62,7 @@ def global_batch_loader(dataset: Dataset, global_batch: int, micro_batch: int | 
     if loss_reduction not in LOSS_REDUCTIONS:
         raise UserError(f"loss_reduction={loss_reduction!r}: give 'mean' (the loss is a micro-batch's mean, torch's "
                         "default) or 'sum'")
-    for name in ("batch_size", "sampler", "batch_sampler", "shuffle", "drop_last"):
+    for name in ("batch_size", "sampler", "batch_sampler", "shuffle", "drop_last", "persistent_workers"):
         if name in loader_kwargs:
             raise UserError(f"global_batch_loader cuts the batches itself: leave out {name}= (the DataLoader "
                             "keyword), and give global_batch, micro_batch, shuffle or drop_last")
@@ -73,8 +73,10 @@ def global_batch_loader(dataset: Dataset, global_batch: int, micro_batch: int | 
         num_workers = loader_workers(ctx.local_size, on_gpu)
     if pin_memory is None:
         pin_memory = on_gpu
-    return GlobalBatchLoader(dataset, plan, shuffle=shuffle, seed=seed, loss_reduction=loss_reduction,
-                             num_workers=num_workers, pin_memory=pin_memory, **loader_kwargs)
+    loader = GlobalBatchLoader(dataset, plan, shuffle=shuffle, seed=seed, loss_reduction=loss_reduction,
+                               num_workers=num_workers, pin_memory=pin_memory, **loader_kwargs)
+    loader.micro_batch_given = micro_batch is not None
+    return loader
 
 
 class _RankMicroBatches(Sampler[list[int]]):
@@ -100,7 +102,8 @@ class _RankMicroBatches(Sampler[list[int]]):
 
 
 class GlobalBatchLoader:
-    """See :func:`global_batch_loader`. ``steps_done``: the steps of this epoch whose ``optimizer.step()`` ran."""
+    """See :func:`global_batch_loader`. ``steps_done``: the steps of this epoch whose micro-batches were all taken
+    (a checkpoint after ``optimizer.step()`` resumes with the next step; a step a GradScaler skipped counts)."""
 
     def __init__(self, dataset: Dataset, plan: GlobalBatch, *, shuffle: bool, seed: int, loss_reduction: str,
                  num_workers: int, pin_memory: bool, **loader_kwargs):
@@ -109,6 +112,8 @@ class GlobalBatchLoader:
         self.epoch, self.steps_done = 0, 0
         self.optimizer: torch.optim.Optimizer | None = None
         self.weight: float | None = None          # the micro-batch in computation's share of its step
+        self.backward_seen = False                 # a backward pass weighed since the last micro-batch was taken
+        self.micro_batch_given = True
         self._open: GlobalStep | None = None       # the step being iterated
         self.batches = DataLoader(dataset, batch_sampler=_RankMicroBatches(self), num_workers=num_workers,
                                   pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
@@ -130,7 +135,12 @@ class GlobalBatchLoader:
                 "micro_batch": self.plan.micro_batch}
 
     def load_state_dict(self, state: dict) -> None:
-        """Go on from ``state`` (:meth:`state_dict`'s), on any world size."""
+        """Go on from ``state`` (:meth:`state_dict`'s), on any world size, with the same global and micro-batch."""
+        mine, theirs = (self.plan.global_batch, self.plan.micro_batch), (state["global_batch"], state["micro_batch"])
+        if mine != theirs:
+            raise UserError(f"this loader cuts steps of {mine[0]} into micro-batches of {mine[1]} and the state it "
+                            f"should go on from was cut {theirs[0]} into {theirs[1]}: give the same global_batch and "
+                            "micro_batch to hk.global_batch_loader everywhere")
         self.set_epoch(state["epoch"], start_step=state["steps_done"])
 
     @property
@@ -167,9 +177,6 @@ class GlobalBatchLoader:
             if not step.finished:
                 raise UserError(f"step {index}'s micro-batches were not all taken (for x, y in step: ...) before the "
                                 "next step: iterate each step to its end, or the ranks' gradients would not pair")
-            if self.steps_done <= index:
-                raise UserError(f"step {index} ended without optimizer.step(): call it once per step, after the "
-                                "step's micro-batches")
         self._open = None
 
     # ---- what the optimizer sees ----------------------------------------------------------------
@@ -178,28 +185,44 @@ class GlobalBatchLoader:
         if self.optimizer is not None:
             raise UserError("this global-batch loader already drives an optimizer: make one loader per optimizer")
         self.optimizer = optimizer
+        self._weighed = {id(p) for p in params if p.requires_grad}
         for p in params:
             if p.requires_grad:
                 p.register_hook(self._weigh)
-        optimizer.register_step_post_hook(self._after_step)
+        optimizer.register_step_pre_hook(self._before_step)
 
     def _weigh(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad if self.weight is None else grad * self.weight
+        if self.weight is None:
+            if self._open is not None and self._open.started:
+                raise UserError("backward() ran after a step's micro-batches were all taken: call loss.backward() "
+                                "inside `for x, y in step:`, once per micro-batch (each is weighed as it is taken)")
+            return grad
+        self.backward_seen = True
+        return grad * self.weight
 
-    def _after_step(self, optimizer, args, kwargs) -> None:
+    def check_weighed(self) -> None:
+        """Every parameter that needs a gradient is weighed: one unfrozen (or added) since binding is not."""
+        fresh = [p for g in self.optimizer.param_groups for p in g["params"]
+                 if p.requires_grad and id(p) not in self._weighed]
+        if fresh:
+            raise UserError(f"{len(fresh)} parameter(s) need a gradient since DistributedOptimizer(global_batch=...) "
+                            "wrapped the optimizer, and a fixed global batch weighs only those that needed one then: "
+                            "unfreeze them before wrapping")
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
         step = self._open
-        if step is not None and step.finished and not (record_of(optimizer).local_step):
-            self.steps_done = step.index + 1
+        if step is not None and not step.finished:
+            raise UserError(f"optimizer.step() was called before step {step.index}'s micro-batches were all taken: "
+                            "call it once, after `for x, y in step:` ends (ranks take different numbers of "
+                            "micro-batches, so a step inside that loop would not pair)")
 
     def _begin(self, step: GlobalStep) -> None:
         """Before a step's first micro-batch: Horovod reduces after this rank's last one (one reduction a step)."""
         opt = self.optimizer
         self.weight = None
-        passes = max(len(step.mine), 1)
-        if hasattr(opt, "_allreduce_delay"):
-            opt.backward_passes_per_step = passes
-            for p in opt._allreduce_delay:
-                opt._allreduce_delay[p] = passes
+        self.check_weighed()
+        if hasattr(opt, "set_backward_passes_per_step"):
+            opt.set_backward_passes_per_step(max(len(step.mine), 1))
         record = record_of(opt)
         if record is not None and record.average is not None:
             record.average.forget_step()         # nothing of this step is averaged yet, backward or not
@@ -210,6 +233,7 @@ class GlobalBatchLoader:
         """After a step's last micro-batch: a rank that had none takes part in the sum now, so that its gradient,
         like the others', is the step's when the loop over micro-batches ends (clipping sees the same)."""
         self.weight = None
+        self.steps_done = step.index + 1
         if not step.mine and self._size() > 1:
             self.optimizer.synchronize()
 
@@ -221,7 +245,7 @@ class GlobalStep:
         self.loader, self.index, self._batches, self.mine = loader, index, batches, mine
         first, last = loader.plan.step_range(index)
         self.samples = last - first          # in the whole step, on all ranks together
-        self.finished = False
+        self.started = self.finished = False
 
     def __len__(self) -> int:
         """This rank's micro-batches in the step."""
@@ -232,14 +256,22 @@ class GlobalStep:
         if self.finished or loader._open is not self:
             raise UserError(f"step {self.index} was already iterated: take each step's micro-batches once")
         loader._begin(self)
+        self.started = True
         device = current().device
         for micro in self.mine:
-            batch = next(self._batches)
-            start, stop = plan.micro_batches(self.index)[micro]
             weight = plan.weight(self.index, micro)
-            loader.weight = weight if loader.loss_reduction == "mean" else 1.0 / self.samples
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                # Seeded before the batch is read: a Dataset's own draws (num_workers=0) are the micro-batch's too.
                 torch.manual_seed(plan.seed(loader.seed, loader.epoch, self.index, micro))
+                batch = next(self._batches)
+                loader.weight = weight if loader.loss_reduction == "mean" else 1.0 / self.samples
+                loader.backward_seen = False
                 yield batch
+                if not loader.backward_seen:
+                    loader.weight = None
+                    raise UserError(f"micro-batch {micro} of step {self.index} got no backward() before the loop went "
+                                    "on: call loss.backward() inside `for x, y in step:`, once per micro-batch (each "
+                                    "is weighed and seeded as it is taken)")
+        loader.weight = None
         self.finished = True
         loader._end(self)

@@ -100,15 +100,37 @@ says("warmup", lambda: hk.warmup_scheduler(opt, warmup_steps=5))
 def skip_micro_batches():
     for step in loader:
         opt.zero_grad()
-        opt.step()
 says("skipped", skip_micro_batches)
 
-def no_step():
+def step_inside():
     loader.set_epoch(1)
     for step in loader:
         for x, y in step:
             F.cross_entropy(model(x), y).backward()
-says("no step", no_step)
+            opt.step()
+says("step inside", step_inside)
+
+def backward_after():
+    loader.set_epoch(1)
+    for step in loader:
+        opt.zero_grad()
+        losses = [F.cross_entropy(model(x), y) for x, y in step]
+        sum(losses).backward()
+says("backward after", backward_after)
+
+def unfrozen_later():
+    loader, model, opt = fresh()
+    model.bias.requires_grad_(False)
+    opt = hk.DistributedOptimizer(opt, model, global_batch=loader)
+    model.bias.requires_grad_(True)
+    next(iter(next(iter(loader))))
+says("unfrozen", unfrozen_later)
+loader, model, opt = fresh()
+says("other plan", lambda: loader.load_state_dict({**loader.state_dict(), "micro_batch": 2}))
+loader, _, _ = fresh()
+synced = torch.nn.Sequential(torch.nn.Linear(3, 2), hk.SyncBatchNorm(2))
+says("syncbn", lambda: hk.DistributedOptimizer(torch.optim.SGD(synced.parameters(), lr=0.1), synced,
+                                               global_batch=loader))
 hk.init()
 loader, model, opt = fresh()
 hk.scale_lr(0.1)
@@ -139,7 +161,20 @@ def test_a_global_batch_used_wrongly_is_one_line_naming_the_fix():
                   "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=steps)",
         "skipped": "step 0's micro-batches were not all taken (for x, y in step: ...) before the next step: iterate "
                    "each step to its end, or the ranks' gradients would not pair",
-        "no step": "step 0 ended without optimizer.step(): call it once per step, after the step's micro-batches",
+        "step inside": "optimizer.step() was called before step 0's micro-batches were all taken: call it once, "
+                       "after `for x, y in step:` ends (ranks take different numbers of micro-batches, so a step "
+                       "inside that loop would not pair)",
+        "backward after": "micro-batch 0 of step 0 got no backward() before the loop went on: call loss.backward() "
+                          "inside `for x, y in step:`, once per micro-batch (each is weighed and seeded as it is "
+                          "taken)",
+        "unfrozen": "1 parameter(s) need a gradient since DistributedOptimizer(global_batch=...) wrapped the "
+                    "optimizer, and a fixed global batch weighs only those that needed one then: unfreeze them "
+                    "before wrapping",
+        "other plan": "this loader cuts steps of 8 into micro-batches of 4 and the state it should go on from was "
+                      "cut 8 into 2: give the same global_batch and micro_batch to hk.global_batch_loader everywhere",
+        "syncbn": "'1' is a SyncBatchNorm, which gathers statistics from every rank at each forward, and with a "
+                  "fixed global batch ranks take different numbers of micro-batches, so those gathers would not "
+                  "pair: use torch.nn.BatchNorm (docs/GLOBAL_BATCH.md)",
         "scale_lr": "hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the rate "
                     "does not depend on them: pass the rate for the global batch itself (lr=0.1, not "
                     "hk.scale_lr(0.1))",

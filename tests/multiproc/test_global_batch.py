@@ -86,10 +86,12 @@ def test_torch_preempted_on_2_resumed_on_3_finished_on_1_ends_where_4_ranks_end(
 
 
 def test_torch_each_step_is_the_mean_over_its_global_batch_however_the_micro_batches_fall(tmp_path):
-    """Micro-batches of 5, 5 and 2 on 4 ranks, the last of which has none (Adam: a uniform scale would not show):
-    the same parameters as one process's plain loop over batches of 12 in the same order."""
-    job(1, tmp_path / "plain", tmp_path / "unused", "--plain", "--mlp", controller="gloo")
-    job(4, tmp_path / "mode", tmp_path / "unused2", "--mlp", "--micro-batch", "5", controller="gloo")
+    """Micro-batches of 5, 5 and 2 on 4 ranks, the last of which has none (Adam: a uniform scale would not show),
+    the gradient clipped between the backward passes and step() on every rank: the same parameters as one
+    process's plain loop over batches of 12 in the same order."""
+    job(1, tmp_path / "plain", tmp_path / "unused", "--plain", "--mlp", "--clip", "0.05", controller="gloo")
+    job(4, tmp_path / "mode", tmp_path / "unused2", "--mlp", "--micro-batch", "5", "--clip", "0.05",
+        controller="gloo")
     plain = read_rank_results(tmp_path / "plain", 1, "")[0]
     mode = read_rank_results(tmp_path / "mode", 4, "")
     assert [r["size"] for r in mode] == [4] * 4
@@ -177,3 +179,15 @@ def test_torch_an_elastic_job_that_loses_a_worker_mid_epoch_ends_where_the_unint
     for mine, theirs in zip(reference["optimizer"], lost["optimizer"]):
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert largest_difference(mine[key], theirs[key]) < 1e-10, key
+
+
+def test_torch_a_nan_on_one_rank_stops_every_rank_also_one_that_took_no_micro_batch(tmp_path):
+    """Rank 3 of 4 takes none of step 3's 3 micro-batches; rank 0's loss is NaN there. Every rank raises
+    NonFiniteGradientError naming rank 0 (the rank with no micro-batch of its own used to skip the check, and
+    the others waited for it in the gather that names the rank)."""
+    out = tmp_path / "out"
+    job(4, out, tmp_path / "unused", "--mlp", "--micro-batch", "5", "--nan-at", "3", controller="gloo")
+    errors = [json.loads((out / f"nonfinite{r}.json").read_text()) for r in range(4)]
+    assert [e["size"] for e in errors] == [4] * 4
+    for e in errors:
+        assert "rank 0 (first in" in e["error"] and "at step 3" in e["error"], e

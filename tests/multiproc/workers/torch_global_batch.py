@@ -31,6 +31,8 @@ p.add_argument("--plain", action="store_true",
                help="one process, no hvdkit loader or optimizer: batches of 12 in the same order, one backward each "
                     "(with --mlp: the mean over the global batch that the mode must equal)")
 p.add_argument("--mlp", action="store_true", help="no BatchNorm or Dropout, whose batches would differ in --plain")
+p.add_argument("--clip", type=float, default=None, help="clip_grad_norm_ to this after each step's backward passes")
+p.add_argument("--nan-at", type=int, default=None, help="rank 0's loss is NaN in step N (counted from 1)")
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
@@ -57,6 +59,8 @@ if args.plain:
         order = torch.randperm(60, generator=torch.Generator().manual_seed(7 + epoch))[12 * step:12 * step + 12]
         optimizer.zero_grad()
         F.cross_entropy(model(x[order]), y[order]).backward()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
     write_result(args.out, 0, {"size": 1, "params": {n: t.tolist() for n, t in model.named_parameters()}})
     raise SystemExit(0)
@@ -77,8 +81,18 @@ while done < args.steps:
     for step in loader:
         optimizer.zero_grad()
         for xb, yb in step:
-            F.cross_entropy(model(xb), yb).backward()
-        optimizer.step()
+            loss = F.cross_entropy(model(xb), yb)
+            if args.nan_at == done + 1 and ctx.rank == 0:
+                loss = loss * float("nan")
+            loss.backward()
+        if args.clip:       # the step's gradient on every rank, also on one that took no micro-batch
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            assert norm > args.clip, f"the clip at {args.clip} did nothing (norm {norm})"
+        try:
+            optimizer.step()
+        except hk.NonFiniteGradientError as exc:
+            write_result(args.out, ctx.rank, {"size": ctx.size, "error": str(exc)}, prefix="nonfinite")
+            raise SystemExit(0) from None
         done += 1
         if args.preempt_at == done and ctx.rank == args.victim:
             os.kill(os.getpid(), signal.SIGTERM)
