@@ -51,7 +51,8 @@ def parse_args():
                    help="the same N samples a step at any number of processes (docs/GLOBAL_BATCH.md): the model a "
                         "resumed or resized job ends with does not depend on them; --lr is then N's own rate")
     p.add_argument("--lr", type=positive_float, default=0.01, help="single-process learning rate")
-    p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
+    p.add_argument("--warmup-epochs", type=non_negative_float,
+                   help="ramp the rate up from lr over this many epochs (default 2; not with --global-batch)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
                    help="send gradients as float16 or bfloat16 (half the bytes)")
@@ -65,7 +66,13 @@ def parse_args():
                    help="continue from the checkpoint (in --checkpoint-dir: the newest good one, or from scratch "
                         "while there is none yet, so a requeued job can always pass it)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.global_batch and args.warmup_epochs is not None:
+        p.error("--warmup-epochs ramps from lr/processes, and --global-batch keeps one rate at any number of "
+                "processes: leave --warmup-epochs out")
+    if args.warmup_epochs is None:
+        args.warmup_epochs = 2
+    return args
 
 
 def save(path, numbered, model, optimizer, scheduler, epoch, samples, epoch_size):

@@ -53,8 +53,7 @@ def header(fmt: str, ctx, optimizer, extra: dict, step: int | None) -> dict:
     if record is not None and record.warmup_target is not None:
         head["warmup_target"] = float(record.warmup_target)
     if record is not None and record.global_batch is not None:
-        plan = record.global_batch.plan
-        head["global_batch"] = {"global_batch": plan.global_batch, "micro_batch": plan.micro_batch}
+        head["global_batch"] = record.global_batch.state_dict()     # the plan and the place in it
     return head
 
 
@@ -104,6 +103,8 @@ def load(path: str | os.PathLike, *, adapter: str, suffix: str, read: Callable[[
         if factor != 1.0 and changed is not None and ctx.is_main:
             log.warning(resumed_rate_line(head.get("world_size"), ctx.size, *changed))
         loader = (record_of(optimizer) or OptimizerRecord()).global_batch
+        if loader is not None:
+            loader.resumed(head.get("global_batch"))
         plan = None if loader is None else loader.plan
         saved = head.get("global_batch")
         if loader is not None and ctx.is_main and (head.get("world_size") != ctx.size or saved is None

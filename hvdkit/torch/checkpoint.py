@@ -172,6 +172,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     and the scheduler's base rates (:func:`hvdkit.runtime.lr.resume_lr_factor`);
     ``on_resize="error"`` refuses it instead. Continue the data with the
     sampler's ``set_epoch(epoch, start_sample=...)`` from the position saved.
+    With a fixed global batch (``DistributedOptimizer(global_batch=loader)``)
+    the rate is kept, and the data goes on with ``loader.set_epoch(epoch,
+    start_step=...)``, which is checked against the checkpoint's step.
     ``missing_ok=True`` returns None on every rank when there is nothing to
     resume from yet (a requeued job's first run), and loads nothing.
 

@@ -114,6 +114,8 @@ class GlobalBatchLoader:
         self.weight: float | None = None          # the micro-batch in computation's share of its step
         self.backward_seen = False                 # a backward pass weighed since the last micro-batch was taken
         self.micro_batch_given = True
+        self._exhausted: int | None = None          # the epoch whose steps this process iterated to the end
+        self._resumed: tuple[int, int] | None = None   # (epoch, steps done) of the checkpoint just loaded
         self._open: GlobalStep | None = None       # the step being iterated
         self.batches = DataLoader(dataset, batch_sampler=_RankMicroBatches(self), num_workers=num_workers,
                                   pin_memory=pin_memory, persistent_workers=num_workers > 0, **loader_kwargs)
@@ -123,7 +125,13 @@ class GlobalBatchLoader:
         """Start ``epoch`` (its own shuffle, the same on every rank) at step ``start_step``, on any world size."""
         if not 0 <= start_step <= self.plan.steps_per_epoch():
             raise UserError(f"start_step {start_step} is outside this epoch's 0..{self.plan.steps_per_epoch()} steps")
-        self.epoch, self.steps_done = epoch, start_step
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and resumed[0] == epoch and resumed[1] != start_step:
+            raise UserError(f"the checkpoint loaded stopped after step {resumed[1]} of epoch {epoch}, and "
+                            f"set_epoch({epoch}, start_step={start_step}) would train the steps in between "
+                            f"{'again' if start_step < resumed[1] else 'never'}: call loader.set_epoch({epoch}, "
+                            f"start_step={resumed[1]}) (save loader.steps_done with the epoch)")
+        self.epoch, self.steps_done, self._exhausted = epoch, start_step, None
 
     def __len__(self) -> int:
         """The steps left in this epoch."""
@@ -134,6 +142,20 @@ class GlobalBatchLoader:
         return {"epoch": self.epoch, "steps_done": self.steps_done, "global_batch": self.plan.global_batch,
                 "micro_batch": self.plan.micro_batch}
 
+    def resumed(self, saved: dict | None) -> None:
+        """Called by ``hk.load_checkpoint`` with the checkpoint's loader state: the next ``set_epoch`` is checked
+        against it, and a checkpoint taken mid-epoch with another global batch is refused (its steps were others)."""
+        if saved is None or "steps_done" not in saved:
+            return
+        theirs = GlobalBatch(saved["global_batch"], saved["micro_batch"], self.plan.samples, self.plan.drop_last)
+        if 0 < saved["steps_done"] < theirs.steps_per_epoch():
+            if (theirs.global_batch, theirs.micro_batch) != (self.plan.global_batch, self.plan.micro_batch):
+                raise UserError(f"the checkpoint stopped after step {saved['steps_done']} of epoch {saved['epoch']} "
+                                f"with global batch {theirs.global_batch} (micro-batch {theirs.micro_batch}), and this "
+                                f"loader's is {self.plan.global_batch} ({self.plan.micro_batch}): finish the epoch "
+                                "with the checkpoint's, and change it at an epoch's end")
+            self._resumed = (saved["epoch"], saved["steps_done"])
+
     def load_state_dict(self, state: dict) -> None:
         """Go on from ``state`` (:meth:`state_dict`'s), on any world size, with the same global and micro-batch."""
         mine, theirs = (self.plan.global_batch, self.plan.micro_batch), (state["global_batch"], state["micro_batch"])
@@ -141,6 +163,7 @@ class GlobalBatchLoader:
             raise UserError(f"this loader cuts steps of {mine[0]} into micro-batches of {mine[1]} and the state it "
                             f"should go on from was cut {theirs[0]} into {theirs[1]}: give the same global_batch and "
                             "micro_batch to hk.global_batch_loader everywhere")
+        self._resumed = None
         self.set_epoch(state["epoch"], start_step=state["steps_done"])
 
     @property
@@ -168,6 +191,9 @@ class GlobalBatchLoader:
         if self.optimizer is None:
             raise UserError("the global-batch loader has no optimizer: pass it to hk.DistributedOptimizer(optimizer, "
                             "model, global_batch=loader) before iterating it")
+        if self._exhausted == self.epoch:
+            raise UserError(f"epoch {self.epoch}'s steps were all taken: call loader.set_epoch(epoch) at the start of "
+                            "each epoch (a new order, and its steps from the first)")
         batches = iter(self.batches)
         rank, size = self._rank(), self._size()
         for index in range(self.steps_done, self.plan.steps_per_epoch()):
@@ -178,6 +204,7 @@ class GlobalBatchLoader:
                 raise UserError(f"step {index}'s micro-batches were not all taken (for x, y in step: ...) before the "
                                 "next step: iterate each step to its end, or the ranks' gradients would not pair")
         self._open = None
+        self._exhausted = self.epoch
 
     # ---- what the optimizer sees ----------------------------------------------------------------
     def bind(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:

@@ -77,7 +77,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         raise UserError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if global_batch is not None:
         op = _check_global_batch(global_batch, op, backward_passes_per_step)
-        synced = [n for n, m in model.named_modules() if isinstance(m, hvd.SyncBatchNorm)]
+        synced = [n for n, m in model.named_modules() if isinstance(m, (hvd.SyncBatchNorm, torch.nn.SyncBatchNorm))]
         if synced:
             raise UserError(f"{synced[0]!r} is a SyncBatchNorm, which gathers statistics from every rank at each "
                             "forward, and with a fixed global batch ranks take different numbers of micro-batches, "

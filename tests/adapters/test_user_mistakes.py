@@ -131,6 +131,39 @@ loader, _, _ = fresh()
 synced = torch.nn.Sequential(torch.nn.Linear(3, 2), hk.SyncBatchNorm(2))
 says("syncbn", lambda: hk.DistributedOptimizer(torch.optim.SGD(synced.parameters(), lr=0.1), synced,
                                                global_batch=loader))
+def no_set_epoch():
+    loader, model, opt = fresh()
+    opt = hk.DistributedOptimizer(opt, model, global_batch=loader)
+    for _ in range(2):
+        for step in loader:
+            opt.zero_grad()
+            for x, y in step:
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+says("no set_epoch", no_set_epoch)
+
+import os, tempfile
+ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+loader, model, opt = fresh()
+opt = hk.DistributedOptimizer(opt, model, global_batch=loader)
+loader.set_epoch(0)
+for step in loader:
+    opt.zero_grad()
+    for x, y in step:
+        F.cross_entropy(model(x), y).backward()
+    opt.step()
+    break
+hk.save_checkpoint(ckpt, model, opt, epoch=0)
+hk.load_checkpoint(ckpt, model, opt)
+says("wrong start", lambda: loader.set_epoch(0))
+other = hk.global_batch_loader(data, 4, 2, num_workers=0)
+model2 = torch.nn.Linear(3, 2)
+opt2 = hk.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1), model2, global_batch=other)
+says("other batch mid-epoch", lambda: hk.load_checkpoint(ckpt, model2, opt2))
+loader, _, _ = fresh()
+torch_synced = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.SyncBatchNorm(2))
+says("torch syncbn", lambda: hk.DistributedOptimizer(torch.optim.SGD(torch_synced.parameters(), lr=0.1),
+                                                     torch_synced, global_batch=loader))
 hk.init()
 loader, model, opt = fresh()
 hk.scale_lr(0.1)
@@ -175,7 +208,33 @@ def test_a_global_batch_used_wrongly_is_one_line_naming_the_fix():
         "syncbn": "'1' is a SyncBatchNorm, which gathers statistics from every rank at each forward, and with a "
                   "fixed global batch ranks take different numbers of micro-batches, so those gathers would not "
                   "pair: use torch.nn.BatchNorm (docs/GLOBAL_BATCH.md)",
+        "no set_epoch": "epoch 0's steps were all taken: call loader.set_epoch(epoch) at the start of each epoch (a "
+                        "new order, and its steps from the first)",
+        "wrong start": "the checkpoint loaded stopped after step 1 of epoch 0, and set_epoch(0, start_step=0) would "
+                       "train the steps in between again: call loader.set_epoch(0, start_step=1) (save "
+                       "loader.steps_done with the epoch)",
+        "other batch mid-epoch": "the checkpoint stopped after step 1 of epoch 0 with global batch 8 (micro-batch 4), "
+                                 "and this loader's is 4 (2): finish the epoch with the checkpoint's, and change it at "
+                                 "an epoch's end",
+        "torch syncbn": "'1' is a SyncBatchNorm, which gathers statistics from every rank at each forward, and with a "
+                        "fixed global batch ranks take different numbers of micro-batches, so those gathers would not "
+                        "pair: use torch.nn.BatchNorm (docs/GLOBAL_BATCH.md)",
         "scale_lr": "hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the rate "
                     "does not depend on them: pass the rate for the global batch itself (lr=0.1, not "
                     "hk.scale_lr(0.1))",
     }, proc.stdout
+
+
+def test_the_example_refuses_a_warmup_with_a_fixed_global_batch():
+    """A user trial: --warmup-epochs was ignored with --global-batch, silently."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "pytorch_mnist.py"), "--global-batch", "64",
+                           "--warmup-epochs", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "error: --warmup-epochs ramps from lr/processes, and --global-batch keeps one rate at any number of "
+        "processes: leave --warmup-epochs out")

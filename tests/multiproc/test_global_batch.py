@@ -114,7 +114,7 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     difference into a jump now and then (a max-pool tie that flips: 7.9e-4 here, in runs that differed only in
     the reduction order). So the measure is the uninterrupted 4-rank run against itself with tensor fusion off:
     the run preempted on 2 ranks, then on 3, and finished in one process ends within 10 times that (or one such
-    jump, 2e-3), and within 0.5 points of its accuracy."""
+    jump, 2e-3), and within 0.5 points of its accuracy (or of the fusion-off run's distance, when larger)."""
     example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "4", "--global-batch", "64",
                "--batch-size", "16", "--lr", "0.02", "--json"]
 
@@ -131,7 +131,7 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
         return max(int(p) for p in pids)
 
     reference = run(4, tmp_path / "reference")
-    run(4, tmp_path / "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
+    unfused_result = run(4, tmp_path / "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
     # An epoch takes a second: SIGTERM once an epoch has ended lands in the next (2 ranks: the second epoch; 3
     # ranks, resumed in it: the third).
@@ -145,10 +145,13 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     ref, unfused, resumed = (final_params(d) for d in (tmp_path / "reference", tmp_path / "unfused", ckpts))
     order = max(float((ref[k] - unfused[k]).abs().max()) for k in ref)
     apart = max(float((ref[k] - resumed[k]).abs().max()) for k in ref)
+    accuracy = [r["test_accuracy"] for r in (reference, unfused_result, finished)]
     print(f"after 92 steps in float32: fusion off {order:.3g} from the reference, the interrupted run {apart:.3g}; "
-          f"accuracy {reference['test_accuracy']:.4f} and {finished['test_accuracy']:.4f}")
+          f"accuracy {accuracy[0]:.4f}, fusion off {accuracy[1]:.4f}, interrupted {accuracy[2]:.4f}")
     assert apart <= max(10 * order, 2e-3), (apart, order)
-    assert abs(finished["test_accuracy"] - reference["test_accuracy"]) <= 0.005
+    # 0.5 points, or as far as the uninterrupted run is from itself with fusion off (a reference that took another
+    # branch at a tie: 92.48% against 93.59% for both others, once in five runs).
+    assert abs(accuracy[2] - accuracy[0]) <= max(0.005, abs(accuracy[1] - accuracy[0])), accuracy
 
 
 def elastic_job(tmp_path: Path, name: str, *extra: str) -> tuple[dict, str]:
