@@ -107,16 +107,18 @@ def final_params(ckpts: Path):
 
 
 def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduction_order(tmp_path):
-    """examples/pytorch_mnist.py --global-batch 64 --batch-size 16 --lr 0.02: 4 epochs of 23 steps.
+    """examples/pytorch_mnist.py --global-batch 64 --batch-size 16 --lr 0.01: 3 epochs of 23 steps.
 
-    The mode does not fix the order of the float additions (each rank sums its micro-batches, then the ring sums
-    the ranks; Horovod's fusion cycles move it from run to run as well), and float32 training turns a last-bit
-    difference into a jump now and then (a max-pool tie that flips: 7.9e-4 here, in runs that differed only in
-    the reduction order). So the measure is the uninterrupted 4-rank run against itself with tensor fusion off:
-    the run preempted on 2 ranks, then on 3, and finished in one process ends within 10 times that (or one such
-    jump, 2e-3), and within 0.5 points of its accuracy (or of the fusion-off run's distance, when larger)."""
-    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "4", "--global-batch", "64",
-               "--batch-size", "16", "--lr", "0.02", "--json"]
+    The mode does not fix the order of the float additions (each rank sums its micro-batches, then the ring
+    sums the ranks; Horovod's fusion cycles move it from run to run as well), and float32 training turns a
+    last-bit difference into a jump now and then (a max-pool tie that flips: 1.4e-4 here, in runs that
+    differed only in the reduction order; at lr 0.02 over 92 steps 7.9e-4 and, once in five, 4.6e-2). So the
+    measure is the uninterrupted 4-rank run against itself with tensor fusion off: the run preempted on 2
+    ranks, then on 3, and finished in one process ends within 10 times that (or 1e-3), and within 0.5 points
+    of its accuracy (or of the fusion-off run's distance, when larger). Seeding dropout by rank ends 2.2e-2
+    away."""
+    example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "3", "--global-batch", "64",
+               "--batch-size", "16", "--lr", "0.01", "--json"]
 
     def run(np: int, ckpts: Path, *extra: str, env: dict | None = None) -> dict:
         proc = run_job(horovodrun_cmd(np, [*example, "--checkpoint-dir", str(ckpts), *extra], "gloo"), timeout=300,
@@ -126,7 +128,7 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
         return example_result(proc.stdout)
 
     def newest_rank() -> int:
-        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 4"], capture_output=True,
+        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 3"], capture_output=True,
                               text=True).stdout.split()
         return max(int(p) for p in pids)
 
@@ -135,9 +137,9 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     ckpts = tmp_path / "interrupted"
     # An epoch takes a second: SIGTERM once an epoch has ended lands in the next (2 ranks: the second epoch; 3
     # ranks, resumed in it: the third).
-    for np, resume in ((2, []), (3, ["--resume"])):
+    for np, resume, line in ((2, [], "epoch 1: train loss"), (3, ["--resume"], "epoch 2: train loss")):
         output, _, code = signal_job(horovodrun_cmd(np, [*example, "--checkpoint-dir", str(ckpts), *resume], "gloo"),
-                                     lambda out: ": train loss" in out, newest_rank)
+                                     lambda out, line=line: line in out, newest_rank)
         assert code == REQUEUE_EXIT_CODE, output[-3000:]
     finished = run(1, ckpts, "--resume")
     assert finished["size"] == 1
@@ -146,11 +148,11 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     order = max(float((ref[k] - unfused[k]).abs().max()) for k in ref)
     apart = max(float((ref[k] - resumed[k]).abs().max()) for k in ref)
     accuracy = [r["test_accuracy"] for r in (reference, unfused_result, finished)]
-    print(f"after 92 steps in float32: fusion off {order:.3g} from the reference, the interrupted run {apart:.3g}; "
+    print(f"after 69 steps in float32: fusion off {order:.3g} from the reference, the interrupted run {apart:.3g}; "
           f"accuracy {accuracy[0]:.4f}, fusion off {accuracy[1]:.4f}, interrupted {accuracy[2]:.4f}")
-    assert apart <= max(10 * order, 2e-3), (apart, order)
-    # 0.5 points, or as far as the uninterrupted run is from itself with fusion off (a reference that took another
-    # branch at a tie: 92.48% against 93.59% for both others, once in five runs).
+    assert apart <= max(10 * order, 1e-3), (apart, order)
+    # 0.5 points, or as far as the uninterrupted run is from itself with fusion off (at lr 0.02 a reference took
+    # another branch at a tie once in five runs: 92.48% against 93.59% for both others).
     assert abs(accuracy[2] - accuracy[0]) <= max(0.005, abs(accuracy[1] - accuracy[0])), accuracy
 
 
