@@ -29,7 +29,9 @@ def test_concurrent_jobs_that_reinitialise_and_an_elastic_reset_all_pass(tmp_pat
     elastic = ElasticJob([_tool("horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
                           "--host-discovery-script", str(ROOT / "examples" / "discover_hosts.sh"),
                           "--network-interface", "lo", sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"),
-                          "--epochs", "3", "--json"], job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
+                          # 8 epochs, not 3: under make test's two lanes the job once did all 135 steps of 3 (10 s)
+                          # before the driver saw the hosts file shrink, and ended at size 2.
+                          "--epochs", "8", "--json"], job_env(HVDKIT_ELASTIC_HOSTS=str(hosts))).start()
     outs = [tmp_path / f"job{j}" for j in range(JOBS)]
     jobs = []
     try:
