@@ -40,9 +40,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tier in one worker, every other tier (multi-host, unit, adapters, CLI, docs) in the other. Two
     multi-process tests never overlap (they run the same examples and workers); the tests that find a process
     by its command line look for their own temporary directory or arguments. Without ``-n`` the marks do
-    nothing."""
+    nothing. A multi-process module that may overlap the multi-process lane says so with ``LANE = "others"``: it
+    runs in the other lane, which otherwise idles for the last half of the run."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("multiproc" if item.get_closest_marker("multiproc") else "others"))
+        lane = getattr(getattr(item, "module", None), "LANE", None)
+        if lane is None:
+            lane = "multiproc" if item.get_closest_marker("multiproc") else "others"
+        item.add_marker(pytest.mark.xdist_group(lane))
 
 
 _POOL_COUNTS = {"scenarios": 0, "started": 0}
