@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,13 +80,9 @@ def launch(mode, model, np, args, out):
     argv = [__file__, "--worker", "--mode", mode, "--model", model, "--global-batch", str(GLOBAL[model]),
             "--steps", str(STEPS[model]), "--warmup", str(args.warmup), "--out", str(out)]
     cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", str(py), *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} {model} np={np} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(np)]
-    assert {r["size"] for r in ranks} == {np}
-    return ranks[0]["step_s"]
+    from hvdkit.bench.results import run_ranks
+
+    return run_ranks(cmd, np, out, f"{mode} {model} np={np}", PYTHONPATH=str(ROOT))[0]["step_s"]
 
 
 def main():

@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,12 +62,9 @@ def launch(controller, np, args, out):
     flags = ["--gloo"] if controller == "gloo" else []
     cmd = [str(py.parent / "hvdkit"), "launch", "-np", str(np), "-H", f"localhost:{np}", *flags, "--", str(py),
            __file__, "--worker", "--repeats", str(args.repeats), "--out", str(out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{controller} np={np} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(np)]
-    assert {r["size"] for r in ranks} == {np}
+    from hvdkit.bench.results import run_ranks
+
+    ranks = run_ranks(cmd, np, out, f"{controller} np={np}", timeout=1200, PYTHONPATH=str(ROOT))
     return {name: max(r[name] for r in ranks) for name in COLLECTIVES}     # the slowest rank's
 
 

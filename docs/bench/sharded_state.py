@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -150,13 +149,9 @@ def launch(impl, model, np, args, out):
         cmd = [str(py.parent / "torchrun"), "--standalone", f"--nproc-per-node={np}", *argv]
     else:
         cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", str(py), *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PATH=f"{py.parent}:{os.environ['PATH']}",
-               TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{impl} {model} np={np} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(np)]
-    assert {r["size"] for r in ranks} == {np}
+    from hvdkit.bench.results import run_ranks
+
+    ranks = run_ranks(cmd, np, out, f"{impl} {model} np={np}", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     return {"state_mib": max(r["state_bytes"] for r in ranks) / 2**20, "step_s": ranks[0]["step_s"],
             "params": ranks[0]["params"], "copy_mib": max(r.get("copy_bytes", 0) for r in ranks) / 2**20}
 

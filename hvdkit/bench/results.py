@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,3 +101,20 @@ def write_table(path, lines: list[str]) -> None:
     text = "\n".join([f"machine: {json.dumps(machine())}", *lines]) + "\n"
     print(text, end="")
     Path(path).write_text(text)
+
+
+def run_ranks(cmd: list[str], np: int, out, what: str, *, timeout: float = 3600, **env: str) -> list[dict]:
+    """Run one bench job (a launcher command whose ranks each write ``out/rank<R>.json``) and return those, by rank.
+
+    One thread a rank (``OMP_NUM_THREADS=1``), the interpreter's bin first on PATH; ``env`` adds variables. A
+    failed job ends the bench with its output's tail, headed by ``what``; every rank must report ``np`` ranks.
+    """
+    bin_dir = Path(sys.executable).parent
+    job_env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(np)]
+    if {r["size"] for r in ranks} != {np}:
+        raise SystemExit(f"{what}: the ranks reported sizes {sorted({r['size'] for r in ranks})}, not {np}")
+    return ranks

@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from global_batch_setup import data, model_with_batchnorm
 from torch.utils.data import TensorDataset
 
 import hvdkit.torch as hk
@@ -30,14 +31,9 @@ p.add_argument("--step-seconds", type=float, default=0.05)
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
-torch.set_default_dtype(torch.float64)
-g = torch.Generator().manual_seed(0)
-x = torch.randn(240, 5, generator=g)
-y = torch.randint(0, 3, (240,), generator=g)
+x, y = data(240)
 loader = hk.global_batch_loader(TensorDataset(x, y), global_batch=12, micro_batch=2, seed=7, num_workers=0)
-torch.manual_seed(5)
-model = torch.nn.Sequential(torch.nn.Linear(5, 16, bias=False), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                            torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
+model = model_with_batchnorm()
 optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model, global_batch=loader,
                                     shard_optimizer_state=True)
 state = hk.elastic.ElasticState(model, optimizer, sampler=loader)

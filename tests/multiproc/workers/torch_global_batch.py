@@ -13,6 +13,7 @@ import signal
 
 import torch
 import torch.nn.functional as F
+from global_batch_setup import data, model_with_batchnorm
 from rank_results import write_result
 from torch.utils.data import TensorDataset
 
@@ -36,20 +37,11 @@ p.add_argument("--nan-at", type=int, default=None, help="rank 0's loss is NaN in
 args = p.parse_args()
 
 ctx = hk.init(seed=1, threads=1)
-torch.set_default_dtype(torch.float64)
-g = torch.Generator().manual_seed(0)
-x = torch.randn(60, 5, generator=g)
-y = torch.randint(0, 3, (60,), generator=g)
+x, y = data(60)
 loader = hk.global_batch_loader(TensorDataset(x, y), global_batch=12, micro_batch=args.micro_batch, seed=7,
                                 num_workers=0)
 
-torch.manual_seed(5)
-if args.mlp:
-    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-else:
-    # No bias before BatchNorm: its true gradient is 0, so Adam would step on rounding noise alone.
-    model = torch.nn.Sequential(torch.nn.Linear(5, 16, bias=False), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                torch.nn.Dropout(0.3), torch.nn.Linear(16, 3))
+model = model_with_batchnorm(mlp=args.mlp)
 decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
 rest = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() > 1)]
 optimizer = torch.optim.Adam([{"params": decay, "weight_decay": 0.01}, {"params": rest}], lr=0.01)
