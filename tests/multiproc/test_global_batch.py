@@ -20,6 +20,7 @@ from tests.conftest import (
     horovodrun_cmd,
     hvdkit_cmd,
     job_env,
+    process_by_args,
     read_rank_results,
     run_job,
     signal_job,
@@ -199,3 +200,23 @@ def test_torch_a_nan_on_one_rank_stops_every_rank_also_one_that_took_no_micro_ba
     assert [e["size"] for e in errors] == [4] * 4
     for e in errors:
         assert "rank 0 (first in" in e["error"] and "at step 3" in e["error"], e
+
+
+def test_the_example_stopped_through_hvdkit_launch_resumes_with_the_same_steps_on_another_size(tmp_path):
+    """As docs/GLOBAL_BATCH.md runs it, under hvdkit launch's default controller (MPI): SIGTERM to the launcher
+    (a scheduler's notice) mid-run gives exit 75 and a checkpoint; relaunched with --gloo on 3 processes it
+    resumes, says the steps and the rate are kept, and finishes with no hvdkit: warning."""
+    ckpts = tmp_path / "ckpts"
+    example = [sys.executable, str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "3", "--global-batch", "64",
+               "--batch-size", "16", "--lr", "0.01", "--checkpoint-dir", str(ckpts), "--json"]
+    output, ended, code = signal_job(hvdkit_cmd("launch", "-np", "2", "--", *example),
+                                     lambda out: "epoch 1: train loss" in out,
+                                     lambda: process_by_args("hvdkit", str(ckpts), "launch"), end_timeout=120)
+    assert code == REQUEUE_EXIT_CODE, f"hvdkit launch exited {code}:\n{output[-3000:]}"
+    assert "final test accuracy" not in output and sorted(ckpts.glob("ckpt-*.pt")), output[-3000:]
+    proc = run_job(hvdkit_cmd("launch", "-np", "3", "--gloo", "--", *example, "--resume"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "hvdkit: " not in proc.stdout.replace("hvdkit launch", ""), proc.stdout[-3000:]
+    assert "hvdkit resume: a checkpoint of 2 ranks on 3: the global batch 64 in 4 micro-batch(es) of 16, 1 or 2 a " \
+           "rank on 3, the same steps, so the learning rate is kept" in proc.stdout, proc.stdout[-3000:]
+    assert example_result(proc.stdout)["size"] == 3
