@@ -70,8 +70,9 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
         def emit(line):
             if interrupted.is_set() and not is_rank_output(line):
                 return
-            sink.write(line)
-            sink.flush()
+            with _WRITING:
+                sink.write(line)
+                sink.flush()
             tail.append(line)
             if elastic:
                 _name_worker(line, slots, removed)
@@ -114,19 +115,31 @@ def supervise(argv: tuple[str, ...], layout: tuple[RankPlacement, ...], elastic:
         reader.join(timeout=5)
     if interrupted.is_set():
         stopped = "the elastic job's workers" if elastic else f"{len(layout)} {'rank' if len(layout) == 1 else 'ranks'}"
-        print(f"hvdkit launch: interrupted (Ctrl-C): stopped {stopped}", file=sys.stderr, flush=True)
+        _say(f"hvdkit launch: interrupted (Ctrl-C): stopped {stopped}")
         return 128 + signal.SIGINT
     if ended_by_preemption(rc, "".join(tail)):
-        print(f"hvdkit launch: preempted: the ranks wrote their checkpoint and exited {REQUEUE_EXIT_CODE}; rerun "
-              "the same command with the script's resume option to continue", file=sys.stderr, flush=True)
+        _say(f"hvdkit launch: preempted: the ranks wrote their checkpoint and exited {REQUEUE_EXIT_CODE}; rerun "
+              "the same command with the script's resume option to continue")
         return REQUEUE_EXIT_CODE
     if rc != 0:
         why = explain_failure("".join(tail), layout)
         # An elastic job on one host line ends with its first lost worker: the fix the start's warning gave, again.
         fix = f"; {elastic_risk}" if elastic_risk else ""
-        print(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'}{fix} "
-              "(its own output is above)", file=sys.stderr, flush=True)
+        _say(f"hvdkit launch: job failed: {why or f'horovodrun exited with status {rc}'}{fix} "
+              "(its own output is above)")
     return rc if rc >= 0 else 128 - rc
+
+
+# Two threads pass the launcher's stdout and stderr through while this module adds lines of its own; print()
+# writes a line and its newline apart, so one thread's line could land inside another's.
+_WRITING = threading.RLock()
+
+
+def _say(line: str) -> None:
+    """One line of hvdkit launch's own on stderr, written whole."""
+    with _WRITING:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _name_worker(line: str, slots: dict[int, tuple[str, int]], removed: set[int]) -> None:
@@ -136,7 +149,7 @@ def _name_worker(line: str, slots: dict[int, tuple[str, int]], removed: set[int]
         removed.add(rank)
     ended = worker_exit(line)
     if ended:
-        print(f"hvdkit launch: {explain_worker_exit(*ended, slots, removed)}", file=sys.stderr, flush=True)
+        _say(f"hvdkit launch: {explain_worker_exit(*ended, slots, removed)}")
         removed.discard(ended[0])         # a later worker may start as the same rank
 
 
@@ -178,8 +191,8 @@ def _ask_ranks_to_stop(pid: int) -> bool:
         targets, sig, how = _local_ranks(pid), signal.SIGTERM, "SIGTERM to this host's ranks"
     if not targets:
         return False
-    print(f"hvdkit launch: SIGTERM: every rank is asked to checkpoint and stop ({how}); send SIGTERM again to "
-          "stop the job now", file=sys.stderr, flush=True)
+    _say(f"hvdkit launch: SIGTERM: every rank is asked to checkpoint and stop ({how}); send SIGTERM again to "
+          "stop the job now")
     for target in targets:
         try:
             os.kill(target, sig)
