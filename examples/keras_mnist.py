@@ -27,9 +27,14 @@ def parse_args():
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument("--data-dir", default="data/mnist", help="where the MNIST IDX files are (or go)")
     p.add_argument("--epochs", type=positive_int, default=12)
-    p.add_argument("--batch-size", type=positive_int, default=32, help="per process")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="per process (with --global-batch: the micro-batch)")
+    p.add_argument("--global-batch", type=positive_int, metavar="N",
+                   help="the same N samples a step at any number of processes (docs/GLOBAL_BATCH.md): the model a "
+                        "resumed or resized job ends with does not depend on them; --lr is then N's own rate")
     p.add_argument("--lr", type=positive_float, default=0.001, help="single-process learning rate")
-    p.add_argument("--warmup-epochs", type=non_negative_float, default=2)
+    p.add_argument("--warmup-epochs", type=non_negative_float,
+                   help="ramp the rate up from lr over this many epochs (default 2; not with --global-batch)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
                    help="send gradients as float16 or bfloat16 (half the bytes)")
@@ -42,7 +47,13 @@ def parse_args():
                    help="continue from the newest checkpoint in --checkpoint-dir (from scratch while there is none, "
                         "so a requeued job can always pass it)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.global_batch and args.warmup_epochs is not None:
+        p.error("--warmup-epochs ramps from lr/processes, and --global-batch keeps one rate at any number of "
+                "processes: leave --warmup-epochs out")
+    if args.warmup_epochs is None:
+        args.warmup_epochs = 0 if args.global_batch else 2
+    return args
 
 
 def build_model(keras):
@@ -71,13 +82,18 @@ def main():
         raise SystemExit(f"error: {exc}") from None
     keras = hk.use_backend(args.backend)  # Keras reads its backend once, at import: choose it first
     ctx = hk.init(seed=args.seed)  # hvdkit: Horovod init, device per local rank, one seed for all
-    # hvdkit: each rank its 1/size of every epoch's shuffle, resumable mid-epoch on any number of ranks
-    batches = hk.distributed_batches(data.x_train[..., None], data.y_train, args.batch_size, seed=args.seed)
+    if args.global_batch:  # hvdkit: steps of the same samples at any -np, split into micro-batches
+        batches = hk.global_batches(data.x_train[..., None], data.y_train, global_batch=args.global_batch,
+                                    micro_batch=args.batch_size, seed=args.seed)
+    else:  # hvdkit: each rank its 1/size of every epoch's shuffle, resumable mid-epoch on any number of ranks
+        batches = hk.distributed_batches(data.x_train[..., None], data.y_train, args.batch_size, seed=args.seed)
 
     model = build_model(keras)
-    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(hk.scale_lr(args.lr)),  # hvdkit: lr x size, averaged
+    lr = args.lr if args.global_batch else hk.scale_lr(args.lr)  # hvdkit: lr x size, unless the batch is fixed
+    optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(lr),  # hvdkit: gradients averaged (or summed by share)
                                         compression=args.compression,
-                                        shard_optimizer_state=args.shard_optimizer_state)
+                                        shard_optimizer_state=args.shard_optimizer_state,
+                                        global_batch=batches if args.global_batch else None)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     checkpoint_dir = os.path.join(args.checkpoint_dir, "") if args.checkpoint_dir else None  # '/': a directory
     if args.resume and checkpoint_dir:

@@ -35,6 +35,7 @@ _HOME = {
     "hvdkit.keras.data": ("check_sharded", "distributed_batches", "fit", "shard_arrays", "shard_dataset",
                           "steps_per_epoch"),
     "hvdkit.keras.fit_callbacks": ("callbacks",),
+    "hvdkit.keras.global_batch": ("global_batches",),
     "hvdkit.keras.metrics": ("evaluate", "sync_metrics"),
     "hvdkit.keras.optimizer": ("DistributedOptimizer", "broadcast_state", "scale_lr"),
 }

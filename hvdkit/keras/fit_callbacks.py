@@ -315,6 +315,11 @@ def _learning_rate_warmup(keras) -> type:
                                 "anyone set: put the warmup in the schedule (e.g. keras.optimizers.schedules."
                                 "CosineDecay(..., warmup_target=hk.scale_lr(lr), warmup_steps=n)) and drop the "
                                 "callbacks' warmup")
+            if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+                raise UserError("callbacks(warmup_epochs/warmup_steps) ramps up from rate / size, which changes with "
+                                "the number of ranks, and a fixed global batch keeps one rate at any size: for a "
+                                "warmup of your own give the optimizer a schedule (keras.optimizers.schedules."
+                                "CosineDecay(..., warmup_target=lr, warmup_steps=n)), which counts steps")
             if self.target is None:
                 # A resumed job's optimizer holds the rate its checkpoint saved, mid-warmup a lower one: the
                 # checkpoint carries the target (hvdkit.keras.checkpoint), rescaled for this world size.
@@ -372,6 +377,14 @@ def _epoch_order(keras) -> type:
                 raise UserError("model.fit(batches) shuffles the order of hk.distributed_batches' batches, so a "
                                  "checkpoint could not say which samples were trained on: call hk.fit(model, batches, "
                                  "...) or model.fit(batches, shuffle=False); the batches shuffle their rows themselves")
+            if self.data is not None and hasattr(self.data, "seed_slot"):
+                synced = [layer.name for layer in self.model._flatten_layers(include_self=False, recursive=True)
+                          if "SyncBatchNormalization" in type(layer).__name__]
+                if synced:
+                    raise UserError(f"layer {synced[0]!r} is a SyncBatchNormalization, which gathers statistics from "
+                                    "every rank at each batch, and with a fixed global batch ranks take different "
+                                    "micro-batches, so their statistics would mix the ranks' shares: use "
+                                    "keras.layers.BatchNormalization (docs/GLOBAL_BATCH.md)")
             if self.data is not None and self.data.start_sample and self.params.get("epochs") != self.data.epoch + 1:
                 raise UserError(f"these batches resume epoch {self.data.epoch} at sample {self.data.start_sample}, "
                                  "which Keras cannot fit together with other epochs: call hk.fit(model, batches, "
@@ -384,6 +397,17 @@ def _epoch_order(keras) -> type:
                 raise UserError(f"these batches resume epoch {self.data.epoch}, but fit began epoch {epoch}: call "
                                  "hk.fit(model, batches, epochs=..., callbacks=...) instead of model.fit")
             self.data.set_epoch(epoch)
+
+        # hk.global_batches: each slot's dropout drawn from its micro-batch's place, and the slots counted for the
+        # checkpoint's place in the epoch (hvdkit/keras/global_batch.py).
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.data is not None and hasattr(self.data, "seed_slot"):
+                self.data.seed_slot(self.model, batch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.data is not None and hasattr(self.data, "seed_slot"):
+                self.data.unseed_slot()
+                self.data.trained = batch + 1
 
     return EpochOrder
 
@@ -409,6 +433,8 @@ def _preemption_checkpoint(keras) -> type:
 
         def on_train_batch_end(self, batch, logs=None):
             self.batches_done += 1
+            if self.data is not None and not getattr(self.data, "at_step_end", lambda _: True)(batch + 1):
+                return                       # hk.global_batches: mid-step, the step's sum is not applied yet
             if self.guard.requested():
                 self.stopped_at = (self.epoch, batch + 1)
                 where = {}

@@ -15,6 +15,7 @@ from hvdkit.common.errors import UserError
 from hvdkit.keras import xla
 from hvdkit.keras.collectives import allreduce_gradients, broadcast_variables
 from hvdkit.keras.context import backend, current
+from hvdkit.keras.global_batch import StepSum, is_global_batches
 from hvdkit.keras.mode import keras_module
 from hvdkit.keras.sharded import SlotSlice, check_same_loads, keras_file_methods, shard, sharded_part, whole_view
 from hvdkit.keras.stragglers import AllreduceTimer
@@ -75,7 +76,7 @@ def check_loss_scale_inside(optimizer) -> None:
 
 
 def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "none",
-                         backward_passes_per_step: int = 1, shard_optimizer_state: bool = False):
+                         backward_passes_per_step: int = 1, shard_optimizer_state: bool = False, global_batch=None):
     """Step 3: average gradients across ranks before the optimizer applies them.
 
     Keras 3 (TensorFlow or PyTorch backend): the optimizer's ``apply`` is
@@ -97,9 +98,16 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     ``shard_optimizer_state=True`` (Keras 3) keeps 1/N of the optimizer's
     state on each rank (ZeRO stage 1, :mod:`hvdkit.keras.sharded`); its
     checkpoints are whole and load on any world size, sharded or not.
+
+    ``global_batch=batches`` (an :func:`hvdkit.keras.global_batches`) makes
+    each optimizer step one fixed global batch, whatever the number of ranks
+    (:mod:`hvdkit.keras.global_batch`): the rate is then the global batch's,
+    with no ``hk.scale_lr``.
     """
     ctx = current()
     b = backend()
+    if global_batch is not None:
+        op = _check_global_batch(global_batch, optimizer, op, backward_passes_per_step, ctx.mode)
     op, compression = job_reduce_options(b, ctx.size, op, compression)
     if is_distributed(optimizer):
         raise UserError("optimizer is already distributed: wrap the plain Keras optimizer once")
@@ -148,6 +156,12 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     checked = []
     timer = AllreduceTimer(ctx.mode)       # the wait that hk.callbacks()'s straggler report subtracts
     on_tensorflow = ctx.mode == "tensorflow"
+    step_sum = None if global_batch is None else StepSum(global_batch, keras)
+
+    def build(self, variables):
+        base.build(self, variables)
+        if step_sum is not None:
+            step_sum.build(list(variables))
 
     def apply(self, grads, trainable_variables=None):
         if on_tensorflow:
@@ -160,6 +174,14 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
             check_weights_at_first_step(trainable_variables if trainable_variables is not None else
                                         record_of(sharded).slices.variables if sharded is not None and sharded.built
                                         else self._trainable_variables)
+        if step_sum is not None:
+            if not self.built:
+                self.build(trainable_variables)
+            step_sum.apply(list(grads), list(trainable_variables if trainable_variables is not None
+                                              else step_sum.built_on),
+                           lambda gs: timer.around(lambda g: allreduce_gradients(b, g, op, compression), gs),
+                           lambda gs, vs: base.apply(self, gs, vs))
+            return None
         reduced = timer.around(lambda gs: allreduce_gradients(b, gs, op, compression), list(grads))
         return base.apply(self, reduced, trainable_variables)
 
@@ -170,10 +192,35 @@ def DistributedOptimizer(optimizer, *, op: str = "average", compression: str = "
     # in a process without hvdkit. As "DistributedAdam" of hvdkit.keras.optimizer it
     # failed there: "Could not locate class 'DistributedAdam'".
     optimizer.__class__ = type(base.__name__, (base,),
-                               {"apply": apply, "__module__": base.__module__, "__qualname__": base.__qualname__,
-                                **keras_files})
+                               {"apply": apply, "build": build, "__module__": base.__module__,
+                                "__qualname__": base.__qualname__, **keras_files})
     attach(optimizer, distributed=True, op=op, allreduce_timer=timer)
+    if global_batch is not None:
+        attach(optimizer, global_batch=global_batch)
     return optimizer
+
+
+def _check_global_batch(batches, optimizer, op: str, backward_passes_per_step: int, mode: str) -> str:
+    """The op a global-batch optimizer reduces with: a sum of the slots' weighted gradients."""
+    from hvdkit.runtime import context
+
+    if mode == "tf_keras":
+        raise UserError("global_batch needs Keras 3 (KERAS_BACKEND=tensorflow or torch): unset TF_USE_LEGACY_KERAS")
+    if not is_global_batches(batches):
+        raise UserError(f"global_batch takes the batches made by hk.global_batches(), got {type(batches).__name__}: "
+                        "build them with hk.global_batches(x, y, global_batch=...)")
+    if op != "average":
+        raise UserError(f"global_batch sums each micro-batch's weighted gradient into the step's mean, so op={op!r} "
+                        "has no place: leave op at its default")
+    plain = getattr(optimizer, "inner_optimizer", None) or optimizer
+    if backward_passes_per_step != 1 or getattr(plain, "gradient_accumulation_steps", None):
+        raise UserError("global_batch decides how many micro-batches a rank accumulates each step: leave "
+                        "gradient_accumulation_steps unset and give micro_batch to hk.global_batches instead")
+    if context.scales_lr():
+        raise UserError("hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the "
+                        "rate does not depend on them: pass the rate for the global batch itself "
+                        "(SGD(0.1), not SGD(hk.scale_lr(0.1)))")
+    return "sum"
 
 
 BROADCAST_FIX = ("pass callbacks=hk.callbacks(...) to fit, which copies rank 0's weights first (in a custom loop, "

@@ -238,3 +238,84 @@ def test_the_example_refuses_a_warmup_with_a_fixed_global_batch():
     assert proc.stderr.strip().splitlines()[-1].endswith(
         "error: --warmup-epochs ramps from lr/processes, and --global-batch keeps one rate at any number of "
         "processes: leave --warmup-epochs out")
+
+
+KERAS_GLOBAL_BATCH_MISTAKES = r'''
+import os, sys
+os.environ["KERAS_BACKEND"] = sys.argv[1]
+import numpy as np, hvdkit.keras as hk
+keras = hk.use_backend(sys.argv[1])
+hk.init()
+x, y = np.random.default_rng(0).standard_normal((20, 3)), np.zeros(20, dtype="int64")
+
+def model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+def says(what, call):
+    try:
+        call()
+    except hk.UserError as exc:
+        print(f"{what} | {exc}")
+    else:
+        print(f"{what} | no error")
+
+batches = hk.global_batches(x, y, global_batch=8, micro_batch=4)
+says("op", lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), op="sum", global_batch=batches))
+says("accumulation", lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+                                                     global_batch=batches))
+says("not batches", lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=(x, y)))
+says("start", lambda: batches.set_epoch(0, start_sample=4))
+says("larger micro", lambda: hk.global_batches(x, y, global_batch=8, micro_batch=16))
+says("too few samples", lambda: hk.global_batches(x, y, global_batch=32))
+m = model()
+m.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches),
+          loss="sparse_categorical_crossentropy")
+says("warmup", lambda: hk.fit(m, batches, epochs=1, verbose=0, callbacks=hk.callbacks(warmup_epochs=1)))
+synced = keras.Sequential([keras.Input((3,)), hk.SyncBatchNormalization(), keras.layers.Dense(2)])
+synced.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches),
+               loss="sparse_categorical_crossentropy")
+says("syncbn", lambda: hk.fit(synced, batches, epochs=1, verbose=0, callbacks=hk.callbacks()))
+other = hk.global_batches(x, y, global_batch=8, micro_batch=2)
+says("other plan mid-epoch", lambda: other.resumed({"epoch": 0, "steps_done": 1, "global_batch": 8, "micro_batch": 4}))
+hk.scale_lr(0.1)
+says("scale_lr", lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches))
+'''
+
+
+@pytest.mark.parametrize("mode", ["tensorflow", "torch"])
+def test_a_keras_global_batch_used_wrongly_is_one_line_naming_the_fix(mode):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", KERAS_GLOBAL_BATCH_MISTAKES, mode], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = dict(line.split(" | ", 1) for line in proc.stdout.splitlines() if " | " in line)
+    assert said == {
+        "op": "global_batch sums each micro-batch's weighted gradient into the step's mean, so op='sum' has no place: "
+              "leave op at its default",
+        "accumulation": "global_batch decides how many micro-batches a rank accumulates each step: leave "
+                        "gradient_accumulation_steps unset and give micro_batch to hk.global_batches instead",
+        "not batches": "global_batch takes the batches made by hk.global_batches(), got tuple: build them with "
+                       "hk.global_batches(x, y, global_batch=...)",
+        "start": "start_sample 4 is not at a step's start (a multiple of the global batch 8): resume from "
+                 "batches.position(...) or the checkpoint",
+        "larger micro": "micro_batch 16 is larger than global_batch 8: a micro-batch is a part of one step's batch; "
+                        "give micro_batch <= global_batch",
+        "too few samples": "20 samples make no step of global_batch 32 with drop_last=True: give a smaller "
+                           "global_batch",
+        "warmup": "callbacks(warmup_epochs/warmup_steps) ramps up from rate / size, which changes with the number of "
+                  "ranks, and a fixed global batch keeps one rate at any size: for a warmup of your own give the "
+                  "optimizer a schedule (keras.optimizers.schedules.CosineDecay(..., warmup_target=lr, "
+                  "warmup_steps=n)), which counts steps",
+        "syncbn": "layer 'sync_batch_normalization' is a SyncBatchNormalization, which gathers statistics from every "
+                  "rank at each batch, and with a fixed global batch ranks take different micro-batches, so their "
+                  "statistics would mix the ranks' shares: use keras.layers.BatchNormalization "
+                  "(docs/GLOBAL_BATCH.md)",
+        "other plan mid-epoch": "the checkpoint stopped after step 1 of epoch 0 with global batch 8 (micro-batch 4), "
+                                "and these batches' is 8 (2): finish the epoch with the checkpoint's, and change it "
+                                "at an epoch's end",
+        "scale_lr": "hk.scale_lr multiplies the rate by the number of ranks, but with a fixed global batch the rate "
+                    "does not depend on them: pass the rate for the global batch itself (SGD(0.1), not "
+                    "SGD(hk.scale_lr(0.1)))",
+    }, proc.stdout
