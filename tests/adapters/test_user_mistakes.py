@@ -225,14 +225,15 @@ def test_a_global_batch_used_wrongly_is_one_line_naming_the_fix():
     }, proc.stdout
 
 
-def test_the_example_refuses_a_warmup_with_a_fixed_global_batch():
+@pytest.mark.parametrize("example", ["pytorch_mnist.py", "keras_mnist.py"])
+def test_the_example_refuses_a_warmup_with_a_fixed_global_batch(example):
     """A user trial: --warmup-epochs was ignored with --global-batch, silently."""
     import subprocess
     import sys
 
     from tests.conftest import ROOT
 
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "pytorch_mnist.py"), "--global-batch", "64",
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / example), "--global-batch", "64",
                            "--warmup-epochs", "1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].endswith(
