@@ -383,6 +383,33 @@ class Check:
     run: Callable[[], dict]
 
 
+# A background checkpoint from the GPU: save_checkpoint(blocking=False) copies into pinned host memory and returns;
+# the weights changed right after must not reach the file (the copy was synchronised before the return).
+ASYNC_SAVE = """
+import os, tempfile, time, torch, hvdkit.torch as hk
+from hvdkit.torch.tensors import host_copy
+ctx = hk.init()
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(16)]).to(ctx.device)   # 256 MiB
+optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+hk.broadcast_state(model, optimizer)
+before = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+pinned = all(t.is_pinned() for t in host_copy(model.state_dict()).values())
+path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+start = time.perf_counter()
+hk.save_checkpoint(path, model, optimizer, blocking=False)
+blocked = time.perf_counter() - start
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)                      # on the GPU, right after the return
+hk.wait_for_checkpoint()
+saved = torch.load(path, map_location="cpu", weights_only=True)["model"] if ctx.rank == 0 else before
+same = all(torch.equal(saved[k], before[k]) for k in before)
+if ctx.rank == 0:
+    report({"ok": pinned and same, "pinned": pinned, "file_holds_the_weights_at_the_save": same,
+            "blocked_ms": round(blocked * 1e3, 1), "size": ctx.size})
+"""
+
+
 def check_env() -> dict:
     status, out, _ = run([str(BIN / "hvdkit"), "env", "--json"], 120)
     try:                       # indented JSON over many lines, after any warning lines
@@ -488,6 +515,8 @@ def plan(np: int, floors: dict[str, float] | None = None) -> list[Check]:
             if shutil.which("cc") or shutil.which("gcc") else
             {"ok": None, "note": "no C compiler: Triton compiles a launcher at run time; the runtime image has "
                                  "none (docs/GPU.md, item 8)"})),
+        Check("async_checkpoint", "torch", np, lambda: check_job(
+            ASYNC_SAVE, np, 180, lambda r: r.get("ok") and r.get("size") == np)),
         Check("input_wait_resnet50", "torch", 1, check_input_wait),
         Check("two_ranks_one_gpu", "torch", 2, check_sharing),
         Check("nccl_busbw_64mib", "torch", np, lambda: check_busbw(BUSBW_TORCH, np, floors)),

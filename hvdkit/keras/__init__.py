@@ -28,6 +28,7 @@ _HOME = {
     "hvdkit.runtime.metrics": ("metric_average",),
     "hvdkit.runtime.nonfinite": ("NonFiniteGradientError",),
     "hvdkit.runtime.preemption": ("PreemptionGuard",),
+    "hvdkit.runtime.async_save": ("wait_for_checkpoint",),
     "hvdkit.runtime.topology": ("NoGPUError",),
     "hvdkit.keras.mode": ("BackendError", "resolve_backend", "use_backend"),
     "hvdkit.keras.checkpoint": ("CheckpointError", "check_checkpoint_path", "load_checkpoint", "save_checkpoint"),

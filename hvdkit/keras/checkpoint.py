@@ -45,13 +45,15 @@ FORMAT = "hvdkit.keras/3"
 
 
 def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int | None = None,
-                    keep_last: int | None = None, **extra) -> bool:
+                    keep_last: int | None = None, blocking: bool = True, **extra) -> bool:
     """Write model and optimizer variables and ``extra`` on rank 0 (atomic, self-verifying); call it on every rank.
 
     ``path`` is a file or a directory (ending in '/') of ``ckpt-<step>.npz``
     files, as in :func:`hvdkit.torch.save_checkpoint`. The other ranks return
     False at once, except with a sharded optimizer, whose slots they send to
     rank 0 first (a collective: under ``if ctx.is_main:`` rank 0 would wait).
+    ``blocking=False`` writes in the background after a host copy, as
+    :func:`hvdkit.torch.save_checkpoint` describes.
     """
     ctx = current()
     sharded = optimizer is not None and sharded_part(optimizer) is not None
@@ -66,21 +68,26 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
         whole = gather_whole([v for _, v in named], root=0) if sharded else [variable_numpy(v) for _, v in named]
         return None if whole is None else dict(zip((n for n, _ in named), whole))
 
-    def build(header: dict, values: dict):
+    def build(header: dict, values: dict, snapshot: bool):
+        if snapshot:       # Keras on torch reads a CPU variable without a copy: training would change the file
+            values = {n: np.array(v, copy=True) for n, v in values.items()}
         model_names = [n for n in values if n.startswith("model/")]
         opt_names = [n for n in values if n.startswith("optimizer/")]
         model_vars, opt_vars = [values[n] for n in model_names], [values[n] for n in opt_names]
         header = {**header, "backend": ctx.mode, "n_model": len(model_vars), "n_optimizer": len(opt_vars),
                   "model_names": model_names, "optimizer_names": opt_names}
         header = json.loads(json.dumps(header))      # hash what a load will see (tuples become lists)
-        header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
         arrays = {f"model_{i}": a for i, a in enumerate(model_vars)}
         arrays.update({f"optimizer_{i}": a for i, a in enumerate(opt_vars)})
-        arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-        return (lambda f: np.savez(f, **arrays)), sum(a.nbytes for a in arrays.values())
+
+        def write(f):
+            header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
+            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+
+        return write, sum(a.nbytes for a in arrays.values())
 
     return checkpoint.save(path, adapter=ADAPTER, fmt=FORMAT, suffix=".npz", optimizer=optimizer, gather=gather,
-                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra)
+                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra, blocking=blocking)
 
 
 def _read(path: str) -> dict:

@@ -38,6 +38,7 @@ from hvdkit.keras.optimizer import (
 )
 from hvdkit.keras.stragglers import straggler_report
 from hvdkit.keras.xla import split_train_step
+from hvdkit.runtime import async_save
 from hvdkit.runtime.checkpoint_files import is_directory_target
 from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.runtime.lr import warmup_lr
@@ -405,6 +406,7 @@ def _epoch_order(keras) -> type:
                 self.data.seed_slot(self.model, batch)
 
         def on_train_batch_end(self, batch, logs=None):
+            async_save.check()          # a background save (blocking=False) that failed: raised at the batch after
             if self.data is not None and hasattr(self.data, "seed_slot"):
                 self.data.unseed_slot()
                 self.data.trained = batch + 1

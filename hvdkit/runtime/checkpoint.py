@@ -10,7 +10,7 @@ Example (what ``hvdkit.torch.save_checkpoint`` does)::
 
     save(path, adapter=ADAPTER, fmt="hvdkit.torch/2", suffix=".pt", optimizer=optimizer,
          gather=lambda: gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None,
-         build=lambda header, gathered: (write_file, size_in_bytes), verify=read_file,
+         build=lambda header, gathered, snapshot: (write_file, size_in_bytes), verify=read_file,
          step=step, keep_last=keep_last, extra={"epoch": 3})
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import hvdkit
-from hvdkit.runtime import context
+from hvdkit.runtime import async_save, context
 from hvdkit.runtime.checkpoint_files import read_on_root, save_to
 from hvdkit.runtime.lr import (
     check_on_resize,
@@ -35,7 +35,7 @@ from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, reco
 
 log = logging.getLogger("hvdkit.checkpoint")
 
-Build = Callable[[dict, Any], tuple[Callable[[BinaryIO], None], int]]
+Build = Callable[[dict, Any, bool], tuple[Callable[[BinaryIO], None], int]]
 
 
 def header(fmt: str, ctx, optimizer, extra: dict, step: int | None) -> dict:
@@ -59,20 +59,28 @@ def header(fmt: str, ctx, optimizer, extra: dict, step: int | None) -> dict:
 
 def save(path: str | os.PathLike, *, adapter: str, fmt: str, suffix: str, optimizer, gather: Callable[[], Any],
          build: Build, verify: Callable[[str], Any], step: int | None, keep_last: int | None,
-         extra: dict) -> bool:
+         extra: dict, blocking: bool = True) -> bool:
     """Every rank calls it; rank 0 writes and returns True.
 
     ``gather()`` runs on every rank first (collective where the state is
-    sharded); ``build(header, gathered)`` runs on rank 0 and returns the
-    writer and the file's estimated size; ``verify(path)`` reads an older
-    checkpoint back for keep-last-N.
+    sharded); ``build(header, gathered, snapshot)`` runs on rank 0 and returns
+    the writer and the file's estimated size; with ``snapshot`` it first copies
+    the state to host memory, so that training may change it while the writer
+    runs. ``verify(path)`` reads an older checkpoint back for keep-last-N.
+    ``blocking=False`` writes in a background thread (:mod:`hvdkit.runtime.async_save`);
+    a save in flight is waited for first, and its failure raised here.
     """
     ctx = context.current(adapter)
+    async_save.wait_for_checkpoint()
     gathered = gather()
     if not ctx.is_main:
         return False
-    write, need_bytes = build(header(fmt, ctx, optimizer, extra, step), gathered)
-    save_to(path, write, suffix, step, keep_last, verify=verify, need_bytes=need_bytes)
+    write, need_bytes = build(header(fmt, ctx, optimizer, extra, step), gathered, not blocking)
+    if blocking:
+        save_to(path, write, suffix, step, keep_last, verify=verify, need_bytes=need_bytes)
+    else:
+        async_save.start(lambda: save_to(path, write, suffix, step, keep_last, verify=verify, need_bytes=need_bytes),
+                         os.fspath(path))
     return True
 
 

@@ -13,7 +13,7 @@ import functools
 from typing import Callable
 
 from hvdkit.common.errors import UserError
-from hvdkit.runtime import context
+from hvdkit.runtime import async_save, context
 from hvdkit.runtime.lr import scale_lr_for
 
 
@@ -39,7 +39,12 @@ def run(func: Callable) -> Callable:
                 raise HorovodInternalError(exc) from exc
             raise
 
-    return run_fn(attempt, lambda: context.backend().reset())
+    def reset():
+        # A background save in flight finishes first: its rank may become another, or another rank 0 may save.
+        async_save.wait_for_checkpoint()
+        context.backend().reset()
+
+    return run_fn(attempt, reset)
 
 
 class ElasticCommits:

@@ -67,10 +67,27 @@ class Preemption:
         """Collective: wait until every rank is here, then end this process with :data:`REQUEUE_EXIT_CODE`.
 
         Call it after the checkpoint call on every rank: rank 0 arrives only
-        once its write returned, so no rank's exit lets the launcher kill
-        rank 0 mid-save.
+        once its write returned, a background one too
+        (``save_checkpoint(..., blocking=False)``), so no rank's exit lets the
+        launcher kill rank 0 mid-save; a failed background write is raised on
+        every rank instead of exiting 75.
         """
-        self._any_rank(0)               # an allreduce as a barrier; its value is not needed
+        from hvdkit.runtime.async_save import wait_for_checkpoint
+        from hvdkit.runtime.checkpoint_files import CheckpointError
+
+        # A background save in flight (save_checkpoint(..., blocking=False)) is on disk before any rank leaves:
+        # a rank's exit 75 lets the launcher kill the others, rank 0 mid-write.
+        try:
+            wait_for_checkpoint()
+            outcome = None
+        except CheckpointError as exc:
+            outcome = str(exc)
+        failed = [(rank, why) for rank, why in enumerate(self._gather(outcome)) if why is not None]
+        if failed:
+            rank, why = failed[0]
+            raise CheckpointError(f"the preemption checkpoint was not written (rank {rank}: {why}); the job stops "
+                                  f"without exiting {REQUEUE_EXIT_CODE}, so it is not requeued onto a checkpoint "
+                                  "that does not exist: fix the cause and resume from the previous checkpoint")
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(REQUEUE_EXIT_CODE)

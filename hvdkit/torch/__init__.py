@@ -17,6 +17,7 @@ from hvdkit.backends.torch import hvd
 from hvdkit.common.console import get_logger, progress
 from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import REQUEUE_EXIT_CODE
+from hvdkit.runtime.async_save import wait_for_checkpoint
 from hvdkit.runtime.metrics import metric_average
 from hvdkit.runtime.nonfinite import NonFiniteGradientError
 from hvdkit.runtime.preemption import PreemptionGuard
@@ -42,7 +43,8 @@ __all__ = [
     "eval_loader", "evaluate", "global_batch_loader",
     "get_logger", "hvd", "init", "load_checkpoint", "metric_average", "progress", "report_stragglers",
     "save_checkpoint",
-    "scale_lr", "seed_everything", "shard_arrays", "step", "torchmetrics_sync", "warmup_scheduler",
+    "scale_lr", "seed_everything", "shard_arrays", "step", "torchmetrics_sync", "wait_for_checkpoint",
+    "warmup_scheduler",
 ]
 
 

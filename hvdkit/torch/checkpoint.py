@@ -36,7 +36,7 @@ from hvdkit.runtime.checkpoint_files import (
 from hvdkit.runtime.integrity import DIGEST_KEY, content_digest
 from hvdkit.torch.context import ADAPTER
 from hvdkit.torch.sharded import gathered_state, is_sharded
-from hvdkit.torch.tensors import plain_module, to_cpu
+from hvdkit.torch.tensors import host_copy, plain_module, to_cpu
 
 log = logging.getLogger("hvdkit.torch")
 
@@ -59,7 +59,7 @@ def tensor_bytes(obj):
 
 def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,
-                    keep_last: int | None = None, scheduler=None, **extra) -> bool:
+                    keep_last: int | None = None, scheduler=None, blocking: bool = True, **extra) -> bool:
     """Write model, optimizer and ``extra`` (epoch, ...) on rank 0 only; returns True on the rank that wrote.
 
     Call it on every rank, not under ``if ctx.is_main:``: a sharded optimizer's
@@ -73,6 +73,14 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     :class:`CheckpointError` naming the fix (run :func:`check_checkpoint_path`
     before training to find out then). ``scheduler`` (a torch LR scheduler)
     is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
+
+    ``blocking=False`` returns once the state is copied to host memory (pinned
+    on a GPU); a thread writes it, with the same atomicity, digest and
+    ``keep_last``. The next save, the preemption guard's exit, an elastic
+    reset and the process's end wait for it; a failure is raised as the same
+    :class:`CheckpointError` at the first of those or at the next
+    ``optimizer.step()`` (:mod:`hvdkit.runtime.async_save`). Rank 0 holds one
+    host copy of the state while it writes.
     """
     _check_scheduler(scheduler, "save_checkpoint")
     sharded = optimizer is not None and is_sharded(optimizer)
@@ -80,18 +88,23 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     def gather():
         return gathered_state(optimizer, 0, "hk.save_checkpoint") if sharded else None
 
-    def build(header: dict, optimizer_state):
+    def build(header: dict, optimizer_state, snapshot: bool):
         if optimizer is not None and not sharded:
             optimizer_state = optimizer.state_dict()
-        state = {**header, "model": to_cpu(plain_module(model).state_dict()),
-                 "optimizer": to_cpu(optimizer_state) if optimizer is not None else None}
+        copied = host_copy if snapshot else to_cpu      # a background write needs a copy training cannot change
+        state = {**header, "model": copied(plain_module(model).state_dict()),
+                 "optimizer": copied(optimizer_state) if optimizer is not None else None}
         if scheduler is not None:
-            state["scheduler"] = scheduler.state_dict()
-        state[DIGEST_KEY] = content_digest(state, tensor_bytes)
-        return (lambda f: torch.save(state, f)), _tensor_bytes(state)
+            state["scheduler"] = copied(scheduler.state_dict())
+
+        def write(f):
+            state[DIGEST_KEY] = content_digest(state, tensor_bytes)
+            torch.save(state, f)
+
+        return write, _tensor_bytes(state)
 
     return checkpoint.save(path, adapter=ADAPTER, fmt=FORMAT, suffix=".pt", optimizer=optimizer, gather=gather,
-                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra)
+                           build=build, verify=_read, step=step, keep_last=keep_last, extra=extra, blocking=blocking)
 
 
 # Rates a param group holds: the current one, what a scheduler started from (initial_lr), OneCycleLR's bounds.

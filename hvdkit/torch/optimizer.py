@@ -17,7 +17,7 @@ import torch
 import hvdkit.torch.sharded as sharded
 from hvdkit.backends.torch import hvd
 from hvdkit.common.errors import UserError
-from hvdkit.runtime import context, state, topology
+from hvdkit.runtime import async_save, context, state, topology
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
 from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
@@ -135,6 +135,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         attach(wrapped, global_batch=global_batch)
         global_batch.bind(wrapped, [p for g in wrapped.param_groups for p in g["params"]])
     check_weights_at_first_step(wrapped)   # a forgotten broadcast_state: ranks that started apart
+    # A background save (save_checkpoint(..., blocking=False)) that failed is raised at the step after.
+    wrapped.register_step_pre_hook(lambda opt, args, kwargs: async_save.check())
     return wrapped
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import torch
@@ -19,6 +20,44 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+def host_copy(obj):
+    """A copy of a nested dict/list/tuple state in host memory that training cannot change (a background save's).
+
+    CPU tensors are cloned; a GPU tensor is copied into pinned host memory
+    (:func:`pinned_like`) without blocking, and one synchronize at the end
+    waits for every copy. Other leaves (step counts, hyperparameters) are
+    deep-copied.
+    """
+    on_device = []
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach()
+            if t.device.type == "cpu":
+                return t.clone()
+            if t.layout != torch.strided:          # sparse: no pinned buffer of its shape; a plain copy
+                return t.cpu()
+            out = pinned_like(t)
+            out.copy_(t, non_blocking=True)
+            on_device.append(t.device)
+            return out
+        if isinstance(o, dict):
+            return type(o)((k, walk(v)) for k, v in o.items())
+        if isinstance(o, (list, tuple)):
+            return type(o)(walk(v) for v in o)
+        return copy.deepcopy(o)
+
+    out = walk(obj)
+    for device in {d for d in on_device if d.type == "cuda"}:
+        torch.cuda.synchronize(device)
+    return out
+
+
+def pinned_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty page-locked host tensor of ``t``'s shape and dtype: the device copies into it asynchronously."""
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
 
 
 def plain_module(model: torch.nn.Module) -> torch.nn.Module:

@@ -115,12 +115,14 @@ def test_an_unusable_checkpoint_directory_stops_the_job_before_training(small_mo
     assert not re.search(r"\[\d+\]<stderr>:Traceback", proc.stdout), "the ranks print one line, no traceback"
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_a_disk_that_fills_during_a_torch_save_is_one_checkpoint_error(small_mount, tmp_path, launch, controller):
+@pytest.mark.parametrize("controller, how", [("gloo", "blocking"), ("mpi", "blocking"), ("gloo", "background")])
+def test_a_disk_that_fills_during_a_torch_save_is_one_checkpoint_error(small_mount, tmp_path, launch, controller, how):
     """Issue 34, case 4: torch.save wraps ENOSPC in `RuntimeError: [enforce fail at inline_container.cc:672] .
-    unexpected pos ...`, which the example's `except hk.CheckpointError` missed: a traceback on rank 0."""
+    unexpected pos ...`, which the example's `except hk.CheckpointError` missed: a traceback on rank 0.
+    A background save (blocking=False) gives the same error where the script waits for it."""
     mount = small_mount("size=8m")
-    r0, r1 = launch(2, "torch_disk_full.py", "--ckpt", str(mount / "ckpt.pt"), controller=controller)
+    r0, r1 = launch(2, "torch_disk_full.py", "--ckpt", str(mount / "ckpt.pt"),
+                    *(["--background"] if how == "background" else []), controller=controller)
     assert r0["size"] == r1["size"] == 2 and r1["error"] is None
     assert r0["error"].startswith(f"CheckpointError: cannot write checkpoint '{mount / 'ckpt.pt'}': the disk filled "
                                   "up after "), r0["error"]

@@ -162,15 +162,18 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     assert [r["start"] for r in results] == [2, 2], "resumed after epoch 1, the newest good checkpoint"
 
 
-def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("how", ["blocking", "background"])
+def test_kill_during_save_keeps_previous_checkpoint(tmp_path, how):
     ckpt = tmp_path / "model.pt"
-    cmd = horovodrun_cmd(1, [str(WORKERS / "torch_slow_save.py"), "--out", str(tmp_path), "--ckpt", str(ckpt)])
+    cmd = horovodrun_cmd(1, [str(WORKERS / "torch_slow_save.py"), "--out", str(tmp_path), "--ckpt", str(ckpt),
+                             *(["--background"] if how == "background" else [])])
     kill_mid_save(cmd, tmp_path, "model.pt", start_timeout=120)     # the writer dies mid-write
     state = torch.load(ckpt, weights_only=True)
     assert state["extra"] == {"epoch": 7}
     assert torch.equal(state["model"]["weight"], torch.full((4, 4), 1.5))
     assert list(tmp_path.glob(".model.pt.*.tmp")), "the killed save must have left its partial file"
-    proc = run_job(horovodrun_cmd(1, [*cmd[cmd.index(sys.executable) + 1:], "--once"]), timeout=120)
+    once = [a for a in cmd[cmd.index(sys.executable) + 1:] if a != "--background"]
+    proc = run_job(horovodrun_cmd(1, [*once, "--once"]), timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert not list(tmp_path.glob(".model.pt.*.tmp")), "the next save must remove the partial file"
 

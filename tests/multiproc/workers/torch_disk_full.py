@@ -13,6 +13,7 @@ import hvdkit.torch as hk
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--ckpt", required=True)
+p.add_argument("--background", action="store_true", help="save_checkpoint(blocking=False), then wait for it")
 args = p.parse_args()
 
 ctx = hk.init(seed=0, threads=1)
@@ -26,7 +27,9 @@ if ctx.is_main:                                              # another job fills
         f.write(b"\0" * (shutil.disk_usage(directory).free - 2**20))
 error = None
 try:
-    hk.save_checkpoint(args.ckpt, model, optimizer)
+    hk.save_checkpoint(args.ckpt, model, optimizer, blocking=not args.background)
+    if args.background:     # the write's error reaches the training thread when it waits for the write
+        hk.wait_for_checkpoint()
 except Exception as exc:  # noqa: BLE001 - the test reads the type and message
     error = f"{type(exc).__name__}: {exc}"
 write_result(args.out, ctx.rank, {"size": ctx.size, "error": error,

@@ -3,6 +3,7 @@
 Rank r writes pid<r> (so the test can signal one rank) and, on rank 0, the
 number of steps done to progress. With --resume it continues from the
 checkpoint's (epoch, batch). The final parameters go to rank<r>.json.
+--background saves after every step with blocking=False, so a save is in flight when the signal comes.
 """
 
 import argparse
@@ -24,7 +25,22 @@ p.add_argument("--save-delay-s", type=float, default=0.0,
                help="rank 0 takes this much longer in its save (a slow file system), after which it writes")
 p.add_argument("--ballast-mb", type=int, default=0,
                help="a buffer of this size in the model, so the checkpoint takes seconds to write (not trained)")
+p.add_argument("--background", action="store_true",
+               help="save after every step with blocking=False (one is always in flight), the preemption's too")
+p.add_argument("--slow-background-s", type=float, default=0.0,
+               help="the preemption's background write first waits this long (a slow file system)")
 args = p.parse_args()
+
+preempting = False
+if args.slow_background_s:
+    import hvdkit.runtime.checkpoint as core
+
+    def slow_save_to(*a, _save_to=core.save_to, **kw):
+        if preempting:                  # the preemption's save, not the periodic ones
+            time.sleep(args.slow_background_s)
+        return _save_to(*a, **kw)
+
+    core.save_to = slow_save_to
 
 ctx = hk.init(seed=1, threads=1)
 torch.set_default_dtype(torch.float64)
@@ -65,7 +81,10 @@ while epoch < EPOCHS:
             with open(os.path.join(args.out, "progress"), "w") as f:
                 f.write(f"{epoch} {batch + 1}")
         time.sleep(args.step_seconds)
+        if args.background:       # waits for the save in flight, then copies and returns
+            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1, blocking=False)
         if guard.requested():
+            preempting = True
             write_result(args.out, ctx.rank, {"epoch": epoch, "batch": batch + 1, "signal": guard.received},
                          prefix="preempted")
             if args.save_delay_s:           # the recipe: every rank waits for rank 0's outcome before exiting
@@ -76,8 +95,10 @@ while epoch < EPOCHS:
                     hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch)
 
                 guard.save_and_exit(slow_save, epoch, batch + 1)
-            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1)
-            guard.exit()
+            marked = {"preemption": True} if args.background else {}     # not the periodic save of this step
+            hk.save_checkpoint(args.ckpt, model, optimizer, epoch=epoch, batch=batch + 1, blocking=not args.background,
+                               **marked)
+            guard.exit()          # waits for rank 0's background write before any rank exits
     epoch, start_batch = epoch + 1, 0
 
 write_result(args.out, ctx.rank, {"size": ctx.size, "steps": steps, "resumed_at": resumed_at,

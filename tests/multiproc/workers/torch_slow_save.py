@@ -13,6 +13,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--ckpt", required=True)
 p.add_argument("--once", action="store_true")
+p.add_argument("--background", action="store_true", help="the large saves with blocking=False")
 args = p.parse_args()
 
 ctx = hk.init(threads=1)
@@ -26,4 +27,4 @@ with open(os.path.join(args.out, "saved-first"), "w") as f:
     f.write(str(os.getpid()))
 big = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(60)])    # ~1 GB of float32
 while True:                                                          # until killed
-    hk.save_checkpoint(args.ckpt, big, epoch=8)
+    hk.save_checkpoint(args.ckpt, big, epoch=8, blocking=not args.background)

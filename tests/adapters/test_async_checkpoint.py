@@ -1,0 +1,144 @@
+"""save_checkpoint(..., blocking=False) at world size 1 (hvdkit/runtime/async_save.py): what the file holds, where
+a failed background write is raised, keep_last, and the end of the process. Each case runs in a process of its
+own (Horovod and Keras once per process); the multi-process cases are in tests/multiproc/test_async_checkpoint.py.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.adapters
+
+TORCH = r'''
+import json, os, sys, torch, hvdkit.torch as hk
+from hvdkit.runtime import async_save
+ctx = hk.init(seed=0, threads=1)
+tmp = sys.argv[1]
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
+optimizer = hk.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), model)
+hk.broadcast_state(model, optimizer)
+out = {}
+
+def step():
+    optimizer.zero_grad()
+    model(torch.ones(2, 256)).sum().backward()
+    optimizer.step()
+
+step()
+before = {k: v.clone() for k, v in model.state_dict().items()}
+# The file holds the state at the call, though training changes it before the write ends.
+hk.save_checkpoint(os.path.join(tmp, "background.pt"), model, optimizer, blocking=False, epoch=1)
+with torch.no_grad():
+    for p in model.parameters():
+        p.fill_(7.0)
+hk.wait_for_checkpoint()
+saved = torch.load(os.path.join(tmp, "background.pt"), weights_only=True)
+out["snapshot"] = all(torch.equal(saved["model"][k], before[k]) for k in before)
+model.load_state_dict(before)
+hk.save_checkpoint(os.path.join(tmp, "blocking.pt"), model, optimizer, epoch=1)
+blocking = torch.load(os.path.join(tmp, "blocking.pt"), weights_only=True)
+out["same_file"] = saved["integrity"] == blocking["integrity"]
+out["loads"] = hk.load_checkpoint(os.path.join(tmp, "background.pt"), model, optimizer) == {"epoch": 1}
+
+# A failed background write: raised at the step after, then nothing is left in flight.
+open(os.path.join(tmp, "a-file"), "w").close()
+bad = os.path.join(tmp, "a-file", "ckpt.pt")
+out["returned"] = hk.save_checkpoint(bad, model, optimizer, blocking=False)
+async_save._pending.thread.join()
+try:
+    step()
+    out["at_step"] = None
+except hk.CheckpointError as exc:
+    out["at_step"] = str(exc)
+out["in_flight_after"] = async_save.in_flight()
+# ... or at the next save, before it writes anything.
+hk.save_checkpoint(bad, model, optimizer, blocking=False)
+try:
+    hk.save_checkpoint(os.path.join(tmp, "next.pt"), model, optimizer)
+    out["at_next_save"] = None
+except hk.CheckpointError as exc:
+    out["at_next_save"] = str(exc)
+out["next_written"] = os.path.exists(os.path.join(tmp, "next.pt"))
+hk.save_checkpoint(os.path.join(tmp, "next.pt"), model, optimizer)
+out["next_after"] = os.path.exists(os.path.join(tmp, "next.pt"))
+
+# keep_last in a directory, every save in the background: the newest 2, each verified on load.
+ckpts = os.path.join(tmp, "ckpts", "")
+for s in range(1, 6):
+    step()
+    hk.save_checkpoint(ckpts, model, optimizer, step=s, keep_last=2, blocking=False, done=s)
+hk.wait_for_checkpoint()
+out["kept"] = sorted(os.listdir(ckpts))
+out["newest"] = hk.load_checkpoint(ckpts, model, optimizer)
+print(json.dumps(out))
+'''
+
+EXIT = r'''
+import os, sys, torch, hvdkit.torch as hk
+hk.init(threads=1)
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])     # 64 MiB
+hk.save_checkpoint(sys.argv[1], model, blocking=False, epoch=3)
+print("returned", flush=True)
+'''
+
+
+def run(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180)
+
+
+def test_a_background_save_writes_the_state_at_the_call_and_its_failure_is_raised_at_the_next_step_or_save(tmp_path):
+    proc = run(TORCH, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["snapshot"], "the weights changed after the call reached the file"
+    assert out["same_file"] and out["loads"]         # the same content and digest as a blocking save's
+    assert out["returned"] is True
+    cannot = f"cannot write checkpoint '{tmp_path / 'a-file' / 'ckpt.pt'}'"
+    assert out["at_step"] and out["at_step"].startswith(cannot), out["at_step"]
+    assert out["in_flight_after"] is False
+    assert out["at_next_save"] and out["at_next_save"].startswith(cannot), out["at_next_save"]
+    assert out["next_written"] is False and out["next_after"] is True
+    assert out["kept"] == ["ckpt-00000004.pt", "ckpt-00000005.pt"] and out["newest"] == {"step": 5, "done": 5}
+
+
+def test_a_script_that_ends_mid_write_still_writes_and_a_failure_then_is_exit_1(tmp_path):
+    import torch
+
+    proc = run(EXIT, str(tmp_path / "ckpt.pt"))
+    assert proc.returncode == 0 and proc.stdout.strip() == "returned", proc.stderr[-3000:]
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["extra"] == {"epoch": 3}
+    (tmp_path / "a-file").write_text("")
+    proc = run(EXIT, str(tmp_path / "a-file" / "ckpt.pt"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("hvdkit.runtime.checkpoint_files.CheckpointError: cannot write checkpoint "), last
+
+
+KERAS = r'''
+import json, os, sys
+import numpy as np, hvdkit.keras as hk
+keras = hk.use_backend(sys.argv[2])
+hk.init(threads=1)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64)])
+optimizer = hk.DistributedOptimizer(keras.optimizers.Adam(0.1))
+model.compile(optimizer=optimizer, loss="mse")
+hk.broadcast_state(model, optimizer)
+before = model.layers[0].kernel.numpy().copy()
+path = os.path.join(sys.argv[1], "ckpt.npz")
+hk.save_checkpoint(path, model, optimizer, blocking=False, epoch=2)
+model.layers[0].kernel.assign(np.full(before.shape, 7.0, dtype=before.dtype))
+hk.wait_for_checkpoint()
+model.layers[0].kernel.assign(np.zeros(before.shape, dtype=before.dtype))
+extra = hk.load_checkpoint(path, model, optimizer)
+print(json.dumps({"extra": extra, "snapshot": bool(np.array_equal(model.layers[0].kernel.numpy(), before))}))
+'''
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_keras_background_save_writes_the_weights_at_the_call(tmp_path, backend):
+    """On the torch backend Keras reads a CPU variable without a copy: without the host copy the file held 7s."""
+    proc = run(KERAS, str(tmp_path), backend)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"extra": {"epoch": 2}, "snapshot": True}
