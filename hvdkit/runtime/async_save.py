@@ -71,8 +71,7 @@ def start(run: Callable[[], str], target: str) -> None:
     Call :func:`wait_for_checkpoint` first: one save at a time."""
     global _pending, _exit_hook
     with _lock:
-        if _pending is not None:
-            raise RuntimeError("a checkpoint save is already in flight: wait_for_checkpoint() before starting another")
+        assert _pending is None, "a save is in flight: checkpoint.save waits for it before it starts another"
         _pending = _Save(run, target)
         if not _exit_hook:
             atexit.register(_at_exit)
