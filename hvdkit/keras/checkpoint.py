@@ -82,7 +82,7 @@ def save_checkpoint(path: str | os.PathLike, model, optimizer=None, *, step: int
 
         def write(f):
             header[DIGEST_KEY] = content_digest({"header": header, "model": model_vars, "optimizer": opt_vars})
-            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+            np.savez(f, **arrays, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))   # last, as before
 
         return write, sum(a.nbytes for a in arrays.values())
 

@@ -250,10 +250,11 @@ def fit(model, data, *, epochs: int = 1, **fit_kwargs):
     epoch's logs (None when ``data`` is already past ``epochs``). Callbacks
     that keep state across epochs (EarlyStopping's patience, CSVLogger without
     ``append=True``) start over at the second fit, as they do in a resumed job.
+    :func:`hvdkit.keras.global_batches` resume the same way.
     """
     if not hasattr(data, "start_sample"):
-        raise UserError(f"hk.fit takes hk.distributed_batches(...), not {type(data).__name__}: call model.fit for "
-                        "other data")
+        raise UserError(f"hk.fit takes hk.distributed_batches(...) or hk.global_batches(...), not "
+                        f"{type(data).__name__}: call model.fit for other data")
     if "initial_epoch" in fit_kwargs:
         raise UserError("hk.fit starts at data.epoch: call data.resume(extra) or data.set_epoch(epoch) instead of "
                         "passing initial_epoch")

@@ -309,6 +309,11 @@ def _learning_rate_warmup(keras) -> type:
                                  "epoch of this data; give callbacks(warmup_steps=...) instead, or "
                                  "fit(steps_per_epoch=...)")
             optimizer = self.model.optimizer
+            if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+                raise UserError("callbacks(warmup_epochs/warmup_steps) ramps up from rate / size, which changes with "
+                                "the number of ranks, and a fixed global batch keeps one rate at any size: for a "
+                                "warmup of your own give the optimizer a schedule (keras.optimizers.schedules."
+                                "CosineDecay(..., warmup_target=lr, warmup_steps=n)), which counts steps")
             schedule = getattr(getattr(optimizer, "inner_optimizer", None) or optimizer, "_learning_rate", None)
             if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
                 raise UserError(f"callbacks(warmup_epochs/warmup_steps) sets the learning rate each batch, but the "
@@ -316,11 +321,6 @@ def _learning_rate_warmup(keras) -> type:
                                 "anyone set: put the warmup in the schedule (e.g. keras.optimizers.schedules."
                                 "CosineDecay(..., warmup_target=hk.scale_lr(lr), warmup_steps=n)) and drop the "
                                 "callbacks' warmup")
-            if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
-                raise UserError("callbacks(warmup_epochs/warmup_steps) ramps up from rate / size, which changes with "
-                                "the number of ranks, and a fixed global batch keeps one rate at any size: for a "
-                                "warmup of your own give the optimizer a schedule (keras.optimizers.schedules."
-                                "CosineDecay(..., warmup_target=lr, warmup_steps=n)), which counts steps")
             if self.target is None:
                 # A resumed job's optimizer holds the rate its checkpoint saved, mid-warmup a lower one: the
                 # checkpoint carries the target (hvdkit.keras.checkpoint), rescaled for this world size.
@@ -379,6 +379,12 @@ def _epoch_order(keras) -> type:
                                  "checkpoint could not say which samples were trained on: call hk.fit(model, batches, "
                                  "...) or model.fit(batches, shuffle=False); the batches shuffle their rows themselves")
             if self.data is not None and hasattr(self.data, "seed_slot"):
+                if getattr(self.model, "steps_per_execution", 1) != 1:
+                    raise UserError(f"compile(steps_per_execution={self.model.steps_per_execution}) runs several "
+                                    "batches between callbacks, and a fixed global batch seeds each micro-batch's "
+                                    "dropout before it runs: compile with steps_per_execution=1")
+                if getattr(self.data, "step_sum", None) is not None:
+                    self.data.step_sum.reset()
                 synced = [layer.name for layer in self.model._flatten_layers(include_self=False, recursive=True)
                           if "SyncBatchNormalization" in type(layer).__name__]
                 if synced:

@@ -242,6 +242,14 @@ class StepSum:
         self.counter = keras.Variable(0, dtype="int32", trainable=False, name="hvdkit_global_batch_slot")
         self.sums: dict[int, object] = {}
         self.built_on: list = []
+        batches.step_sum = self          # hk.callbacks() starts each fit at a step's first slot (reset)
+
+    def reset(self) -> None:
+        """Back to a step's first slot with nothing summed: a fit that ended mid-step (a callback's stop_training,
+        an exception caught in a notebook) must not carry its partial sums into the next fit's first step."""
+        self.counter.assign(0)
+        for total in self.sums.values():
+            total.assign(self.keras.ops.zeros(total.shape, dtype=total.dtype))
 
     def build(self, variables) -> None:
         """One zero sum per variable, made outside any traced function (Keras builds the optimizer eagerly)."""
@@ -254,7 +262,7 @@ class StepSum:
     def _table(self, grad):
         """The slots' weights in the gradient's own dtype: a float32 1/6 would round a float64 job's weights."""
         dtype = self.keras.backend.standardize_dtype(grad.dtype)
-        return self.keras.ops.convert_to_tensor(np.asarray(self.weights, dtype=dtype))
+        return self.keras.ops.convert_to_tensor(np.asarray(self.weights, dtype=np.float64), dtype=dtype)
 
     def apply(self, grads, variables, reduce, update) -> None:
         """Add this slot's weighted ``grads``; at the step's last slot, ``update(reduce(sums))`` and start over."""

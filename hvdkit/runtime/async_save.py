@@ -61,6 +61,7 @@ class _Save:
 
 
 _pending: _Save | None = None
+_deferred: CheckpointError | None = None      # a failure kept for the next wait or check (an elastic reset's)
 _lock = threading.Lock()
 _exit_hook = False
 
@@ -84,32 +85,46 @@ def in_flight() -> bool:
     return _pending is not None
 
 
-def wait_for_checkpoint() -> str | None:
+def wait_for_checkpoint(defer: bool = False) -> str | None:
     """Block until the save in flight is on disk and return its path (None: there was none).
 
     Raises its :class:`CheckpointError` (another error becomes one, naming
     the file) when the background write failed: the previous checkpoint is
-    then untouched, as after a failed blocking save.
+    then untouched, as after a failed blocking save. Only the writing rank
+    (rank 0) raises; the others meet it at their next collective.
+    ``defer=True`` keeps the failure for the next call or :func:`check`.
     """
-    global _pending
+    global _pending, _deferred
     with _lock:
         save, _pending = _pending, None
-    if save is None:
-        return None
-    save.thread.join()
+    written = None
+    if save is not None:
+        save.thread.join()
+        written = save.written
+        _deferred = _deferred or _failure(save)      # the first failure, if an earlier one was kept
+    if defer or _deferred is None:
+        return written
+    failure, _deferred = _deferred, None
+    raise failure
+
+
+def _failure(save: _Save) -> CheckpointError | None:
+    """A finished save's error as a CheckpointError, or None when it wrote its file."""
     if save.error is not None:
         if isinstance(save.error, CheckpointError):
-            raise save.error
-        raise CheckpointError(f"the background save of checkpoint {save.target!r} failed ({type(save.error).__name__}: "
-                              f"{save.error}); the previous checkpoint is untouched: fix the cause and save again"
-                              ) from save.error
-    return save.written
+            return save.error
+        failure = CheckpointError(f"the background save of checkpoint {save.target!r} failed "
+                                  f"({type(save.error).__name__}: {save.error}); the previous checkpoint is "
+                                  "untouched: fix the cause and save again")
+        failure.__cause__ = save.error
+        return failure
+    return None
 
 
 def check() -> None:
     """Raise now, without blocking, if the save in flight has already failed (at the next step)."""
     save = _pending
-    if save is not None and not save.thread.is_alive() and save.error is not None:
+    if _deferred is not None or (save is not None and not save.thread.is_alive() and save.error is not None):
         wait_for_checkpoint()
 
 

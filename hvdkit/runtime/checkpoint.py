@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import hvdkit
 from hvdkit.runtime import async_save, context
-from hvdkit.runtime.checkpoint_files import read_on_root, save_to
+from hvdkit.runtime.checkpoint_files import CheckpointError, read_on_root, save_to
 from hvdkit.runtime.lr import (
     check_on_resize,
     job_lr_scale,
@@ -68,10 +68,15 @@ def save(path: str | os.PathLike, *, adapter: str, fmt: str, suffix: str, optimi
     the state to host memory, so that training may change it while the writer
     runs. ``verify(path)`` reads an older checkpoint back for keep-last-N.
     ``blocking=False`` writes in a background thread (:mod:`hvdkit.runtime.async_save`);
-    a save in flight is waited for first, and its failure raised here.
+    a save in flight is waited for first, and its failure raised here once this save is written (blocking) or
+    started, so that a failed periodic save does not also cost the preemption's.
     """
     ctx = context.current(adapter)
-    async_save.wait_for_checkpoint()
+    try:
+        async_save.wait_for_checkpoint()
+        earlier = None
+    except CheckpointError as exc:      # raised once this save is written: a preemption's save still happens
+        earlier = exc
     gathered = gather()
     if not ctx.is_main:
         return False
@@ -81,6 +86,8 @@ def save(path: str | os.PathLike, *, adapter: str, fmt: str, suffix: str, optimi
     else:
         async_save.start(lambda: save_to(path, write, suffix, step, keep_last, verify=verify, need_bytes=need_bytes),
                          os.fspath(path))
+    if earlier is not None:
+        raise earlier
     return True
 
 
@@ -96,6 +103,7 @@ def load(path: str | os.PathLike, *, adapter: str, suffix: str, read: Callable[[
     for the line rank 0 prints, or None when it changed nothing.
     """
     check_on_resize(on_resize)
+    async_save.wait_for_checkpoint()        # a save in flight: read what it writes, and prune nothing mid-read
     body = read_on_root(path, read, suffix, context.backend(adapter), root_rank, missing_ok=missing_ok)
     if body is None:
         return None

@@ -41,7 +41,8 @@ def run(func: Callable) -> Callable:
 
     def reset():
         # A background save in flight finishes first: its rank may become another, or another rank 0 may save.
-        async_save.wait_for_checkpoint()
+        # Its failure waits for the next save or step: raised here, on one rank, it would leave Horovod's loop there.
+        async_save.wait_for_checkpoint(defer=True)
         context.backend().reset()
 
     return run_fn(attempt, reset)

@@ -19,6 +19,7 @@ inference without hvdkit::
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import os
@@ -77,8 +78,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     ``blocking=False`` returns once the state is copied to host memory (pinned
     on a GPU); a thread writes it, with the same atomicity, digest and
     ``keep_last``. The next save, the preemption guard's exit, an elastic
-    reset and the process's end wait for it; a failure is raised as the same
-    :class:`CheckpointError` at the first of those or at the next
+    reset and the process's end wait for it; a failure is raised on rank 0 as
+    the same :class:`CheckpointError` at the first of those or at the next
     ``optimizer.step()`` (:mod:`hvdkit.runtime.async_save`). Rank 0 holds one
     host copy of the state while it writes.
     """
@@ -92,7 +93,8 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
         if optimizer is not None and not sharded:
             optimizer_state = optimizer.state_dict()
         copied = host_copy if snapshot else to_cpu      # a background write needs a copy training cannot change
-        state = {**header, "model": copied(plain_module(model).state_dict()),
+        # The header too: extra= may hold the script's own lists, which it may change while the writer digests.
+        state = {**(copy.deepcopy(header) if snapshot else header), "model": copied(plain_module(model).state_dict()),
                  "optimizer": copied(optimizer_state) if optimizer is not None else None}
         if scheduler is not None:
             state["scheduler"] = copied(scheduler.state_dict())

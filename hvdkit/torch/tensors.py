@@ -44,7 +44,12 @@ def host_copy(obj):
             on_device.append(t.device)
             return out
         if isinstance(o, dict):
-            return type(o)((k, walk(v)) for k, v in o.items())
+            out = copy.copy(o)            # the same mapping type (an OrderedDict, a defaultdict) with copied values
+            for k, v in o.items():
+                out[k] = walk(v)
+            return out
+        if isinstance(o, tuple) and hasattr(o, "_fields"):       # a namedtuple
+            return type(o)(*(walk(v) for v in o))
         if isinstance(o, (list, tuple)):
             return type(o)(walk(v) for v in o)
         return copy.deepcopy(o)

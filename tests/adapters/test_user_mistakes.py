@@ -278,6 +278,29 @@ synced.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), glob
 says("syncbn", lambda: hk.fit(synced, batches, epochs=1, verbose=0, callbacks=hk.callbacks()))
 other = hk.global_batches(x, y, global_batch=8, micro_batch=2)
 says("other plan mid-epoch", lambda: other.resumed({"epoch": 0, "steps_done": 1, "global_batch": 8, "micro_batch": 4}))
+per_execution = model()
+per_execution.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches),
+                      loss="sparse_categorical_crossentropy", steps_per_execution=2)
+if sys.argv[1] == "tensorflow":   # Keras on torch refuses steps_per_execution > 1 itself
+    says("steps_per_execution", lambda: hk.fit(per_execution, batches, epochs=1, verbose=0, callbacks=hk.callbacks()))
+says("elastic", lambda: hk.elastic.ElasticState(m, m.optimizer))
+
+
+class Stop(keras.callbacks.Callback):          # a fit that ends mid-step, as TerminateOnNaN or a time limit does
+    def on_train_begin(self, logs=None):
+        print("slot at fit start |", int(np.asarray(batches.step_sum.counter.value)))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.model.stop_training = True
+
+
+stopped = model()
+stopped.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches),
+                loss="sparse_categorical_crossentropy")
+batches.set_epoch(0)
+stopped.fit(batches, epochs=1, verbose=0, shuffle=False, callbacks=hk.callbacks(Stop()))
+batches.set_epoch(0)
+stopped.fit(batches, epochs=1, verbose=0, shuffle=False, callbacks=hk.callbacks(Stop()))
 hk.scale_lr(0.1)
 says("scale_lr", lambda: hk.DistributedOptimizer(keras.optimizers.SGD(0.1), global_batch=batches))
 '''
@@ -292,7 +315,15 @@ def test_a_keras_global_batch_used_wrongly_is_one_line_naming_the_fix(mode):
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = dict(line.split(" | ", 1) for line in proc.stdout.splitlines() if " | " in line)
+    assert said.pop("slot at fit start") == "0"       # the second fit too: the first ended after slot 1 of 2
+    if mode == "tensorflow":
+        assert said.pop("steps_per_execution") == (
+            "compile(steps_per_execution=2) runs several batches between callbacks, and a fixed global batch seeds "
+            "each micro-batch's dropout before it runs: compile with steps_per_execution=1")
     assert said == {
+        "elastic": "hk.elastic.ElasticState cannot take a Keras optimizer with a fixed global batch yet (each rank's "
+                   "slots a step are cut for one world size, and fit's compiled step holds them): train elastic "
+                   "Keras jobs with a per-rank batch (hvdkit.torch's elastic jobs take a global_batch_loader)",
         "op": "global_batch sums each micro-batch's weighted gradient into the step's mean, so op='sum' has no place: "
               "leave op at its default",
         "accumulation": "global_batch decides how many micro-batches a rank accumulates each step: leave "
