@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import WORKERS, job_env
 
 pytestmark = pytest.mark.multiproc
+# In make test's other lane (tests/conftest.py), as test_gpu_pinning.py: its jobs are found by their own
+# directories, never by command line.
+LANE = "others"
 COUNTS = ("tp", "fn")
 RATIOS = ("precision", "recall", "auc", "accuracy", "loss")
 SIZES = [("tensorflow", 2), ("tensorflow", 3), ("torch", 2), ("torch", 3)]
