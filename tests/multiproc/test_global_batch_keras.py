@@ -74,15 +74,17 @@ def test_keras_preempted_on_2_resumed_on_3_finished_on_1_ends_where_4_ranks_end(
                          end["model/batch_normalization/moving_mean"])) > 1e-6
 
 
-def test_keras_each_step_is_the_mean_over_its_global_batch_however_the_micro_batches_fall(tmp_path):
+@pytest.mark.parametrize("xla", [False, True], ids=["no-xla", "xla"])
+def test_keras_each_step_is_the_mean_over_its_global_batch_however_the_micro_batches_fall(tmp_path, xla):
     """Micro-batches of 5, 5 and 2 on 4 ranks, the last of which has none (a slot of weight 0), clipped by norm
     in the optimizer, sharded: the same weights as plain Keras's train_on_batch over batches of 12 in the same
     order. On TensorFlow: Keras on torch rounds a float64 loss to float32 (its divide_no_nan's result_type), so
-    two ways of summing the same gradient differ there by 1e-8."""
+    two ways of summing the same gradient differ there by 1e-8. With XLA too (jit_compile=True, as Keras turns
+    it on wherever it sees a GPU): the step's sum runs in the update, outside the compiled half."""
     job(1, tmp_path / "plain", tmp_path / "unused", "--plain", "--mlp", "--clipnorm", "0.05", mode="tensorflow",
         controller="gloo")
     job(4, tmp_path / "mode", tmp_path / "unused2", "--mlp", "--micro-batch", "5", "--clipnorm", "0.05", "--shard",
-        mode="tensorflow", controller="gloo")
+        *(["--jit"] if xla else []), mode="tensorflow", controller="gloo")
     plain = [np.asarray(w) for w in read_rank_results(tmp_path / "plain", 1, "")[0]["weights"]]
     mode = checkpoint_arrays(tmp_path / "mode" / "final.npz")
     names = ["model/dense/kernel", "model/dense/bias", "model/dense_1/kernel", "model/dense_1/bias"]

@@ -29,6 +29,7 @@ p.add_argument("--micro-batch", type=int, default=2)
 p.add_argument("--mlp", action="store_true", help="no BatchNorm or Dropout, whose batches would differ in --plain")
 p.add_argument("--plain", action="store_true", help="one process, plain Keras, whole steps as batches")
 p.add_argument("--clipnorm", type=float, default=None)
+p.add_argument("--jit", action="store_true", help="compile(jit_compile=True): XLA, as Keras turns on where a GPU is")
 args = parse_args(p)
 
 keras = hk.use_backend(args.mode)
@@ -60,7 +61,7 @@ if args.plain:
 
 batches = hk.global_batches(x, y, global_batch=12, micro_batch=args.micro_batch, seed=7)
 optimizer = hk.DistributedOptimizer(adam, global_batch=batches, shard_optimizer_state=args.shard)
-model.compile(optimizer=optimizer, loss=loss)
+model.compile(optimizer=optimizer, loss=loss, jit_compile=args.jit or "auto")
 ckpt = os.path.join(args.ckpt, "")
 if args.resume:
     batches.resume(hk.load_checkpoint(ckpt, model, optimizer))
