@@ -185,12 +185,10 @@ def _batches_class(mode: str) -> type:
             :func:`hvdkit.keras.callbacks` records; an epoch that was finished
             resumes at the next one.
             """
-            if not extra:
+            place = checkpoint_place(extra)
+            if place is None:
                 return
-            if "samples" not in extra:
-                raise UserError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
-                                 "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
-            epoch, samples = int(extra["epoch"]), int(extra["samples"])
+            epoch, samples = place
             rest = self.epoch_size - samples
             if rest <= 0 or (self.drop_remainder and rest < self.size):     # nothing of that epoch left to train
                 self.set_epoch(epoch + 1, 0)
@@ -221,6 +219,17 @@ def _batches_class(mode: str) -> type:
 
     _BATCHES[mode] = DistributedBatches
     return DistributedBatches
+
+
+def checkpoint_place(extra: dict | None) -> tuple[int, int] | None:
+    """(epoch, samples of it trained) from a checkpoint's ``extra``, as the preemption checkpoint of
+    :func:`hvdkit.keras.callbacks` writes it; None: no checkpoint (start from the beginning)."""
+    if not extra:
+        return None
+    if "samples" not in extra:
+        raise UserError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
+                        "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
+    return int(extra["epoch"]), int(extra["samples"])
 
 
 def _length(data) -> int:

@@ -65,7 +65,7 @@ def _batches_class(mode: str) -> type:
     """A subclass of the active Keras's PyDataset, made once Keras is known."""
     if mode in _CLASSES:
         return _CLASSES[mode]
-    from hvdkit.keras.data import _length, _take
+    from hvdkit.keras.data import _length, _take, checkpoint_place
     from hvdkit.keras.mode import keras_module
 
     keras = keras_module(mode)
@@ -119,12 +119,10 @@ def _batches_class(mode: str) -> type:
         def resume(self, extra: dict | None) -> None:
             """Continue where a checkpoint's ``extra`` says (``epoch`` and ``samples``, as the preemption checkpoint
             of :func:`hvdkit.keras.callbacks` writes them); None: from the start."""
-            if not extra:
+            place = checkpoint_place(extra)
+            if place is None:
                 return
-            if "samples" not in extra:
-                raise UserError(f"the checkpoint's extra {sorted(extra)} has no 'samples': save it with "
-                                 "hk.callbacks(preemption_checkpoint=...) or samples=batches.position(batch + 1)")
-            epoch, samples = int(extra["epoch"]), int(extra["samples"])
+            epoch, samples = place
             saved = self._resumed or {"global_batch": self.plan.global_batch}
             whole = self.epoch_size // saved["global_batch"] * saved["global_batch"]     # the epoch, as it was cut
             if samples >= whole:

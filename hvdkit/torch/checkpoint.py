@@ -76,7 +76,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module,
     is saved beside the optimizer, so :func:`load_checkpoint` can rescale it too.
 
     ``blocking=False`` returns once the state is copied to host memory (pinned
-    on a GPU); a thread writes it, with the same atomicity, digest and
+    on a GPU; not yet run on one); a thread writes it, with the same atomicity, digest and
     ``keep_last``. The next save, the preemption guard's exit, an elastic
     reset and the process's end wait for it; a failure is raised on rank 0 as
     the same :class:`CheckpointError` at the first of those or at the next
