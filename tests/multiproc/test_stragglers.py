@@ -51,10 +51,12 @@ def test_keras_balanced_job_prints_no_straggler_line(tmp_path, mode):
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_torch_does_not_name_a_rank_slowed_only_by_other_processes_on_its_core(tmp_path, controller):
-    # Rank 0 shares CPU 0 with three busy processes (rank 1 has CPU 1 alone): its 20 ms of work a step takes several
-    # times as long in wall time, but the extra is time its thread waited for the core, the host's load.
+    # Rank 0 shares CPU 0 with three busy processes (rank 1 has CPU 1 to itself and the test's neighbours): its 20 ms of
+    # work a step takes several times as long in wall time, but the extra is time its thread waited for the core.
     lines = straggler_lines(tmp_path, "torch_straggler.py", "--hogs", "3", "--busy-ms", "20", "--epochs", "3",
                             controller=controller)
     results = read_rank_results(tmp_path, 2, "")
-    assert results[0]["core_wait_s"] > 2 * results[1]["core_wait_s"] + 1.0, results   # the busy processes held CPU 0
+    # The busy processes held CPU 0: 2 s more over 30 steps is 67 ms a step, more than the straggler line's floor.
+    # A difference, as a parallel lane of tests also takes CPU 1 (5.3 s against rank 0's 10.0 s in one CI run).
+    assert results[0]["core_wait_s"] - results[1]["core_wait_s"] > 2.0, results
     assert lines == [], lines
