@@ -147,3 +147,57 @@ def test_a_keras_background_save_writes_the_weights_at_the_call(tmp_path, backen
     proc = run(KERAS, str(tmp_path), backend)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"extra": {"epoch": 2}, "snapshot": True}
+
+
+def test_a_gpu_state_is_copied_into_pinned_memory_without_blocking_then_waited_for_once_a_device(monkeypatch):
+    """hvdkit.torch.tensors.host_copy on a faked CUDA: tensors that say they live on cuda:0 and cuda:1 (CPU data
+    underneath), torch.empty and torch.cuda.synchronize recorded. Each GPU tensor gets a page-locked buffer and an
+    asynchronous copy, every copy is issued before the first wait, and each device is waited for once: what lets
+    a background save return after the copy and not after the write. On a GPU, make test-gpu checks the same."""
+    import torch
+
+    from hvdkit.torch.tensors import host_copy
+
+    events = []
+
+    class OnGpu(torch.Tensor):
+        """A CPU tensor that reports a CUDA device (what detach() returns too); copies out of it are recorded."""
+
+        index = 0
+
+        @property
+        def device(self):
+            return torch.device("cuda", self.index)
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.copy_:
+                events.append(("copy", (kwargs or {}).get("non_blocking", False),
+                               getattr(args[0], "is_pinned_by_test", False)))
+            return super().__torch_function__(func, types, args, kwargs)
+
+    def on(device: int, t: torch.Tensor) -> torch.Tensor:
+        return t.as_subclass(type(f"OnGpu{device}", (OnGpu,), {"index": device}))
+
+    real_empty = torch.empty
+
+    def empty(*shape, pin_memory=False, **kwargs):
+        out = real_empty(*shape, **kwargs)
+        out.is_pinned_by_test = pin_memory
+        return out
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("synchronize", device)))
+    weights, moment = torch.arange(6.0).view(2, 3), torch.full((4,), 0.5)
+    state = {"model": {"w": on(0, weights)}, "optimizer": {"state": {0: {"exp_avg": on(1, moment), "step": 3}}},
+             "extra": {"losses": [0.5]}, "cpu": torch.ones(2)}
+    copy = host_copy(state)
+
+    copies = [e for e in events if e[0] == "copy"]
+    assert copies == [("copy", True, True)] * 2, events                       # pinned, not blocking
+    assert sorted(e[1].index for e in events if e[0] == "synchronize") == [0, 1], events
+    assert events.index(next(e for e in events if e[0] == "synchronize")) == 2, events   # after both copies
+    assert type(copy["model"]["w"]) is torch.Tensor and torch.equal(copy["model"]["w"], weights)
+    assert torch.equal(copy["optimizer"]["state"][0]["exp_avg"], moment)
+    weights.add_(1.0), state["extra"]["losses"].append(0.25), state["cpu"].add_(1.0)
+    assert copy["model"]["w"][0, 0] == 0.0 and copy["extra"]["losses"] == [0.5] and copy["cpu"][0] == 1.0
