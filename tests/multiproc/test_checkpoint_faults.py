@@ -130,6 +130,19 @@ def test_a_disk_that_fills_during_a_torch_save_is_one_checkpoint_error(small_mou
     assert r0["files"] == ["filler"], "no checkpoint and no temporary file is left"
 
 
+def test_a_directory_remounted_read_only_fails_a_background_save_with_one_checkpoint_error(small_mount, launch):
+    """The checkpoint directory passes the pre-flight check, then becomes read-only (a storage fault remounts it):
+    the background write's error is the blocking save's line, raised where the script waits for the write."""
+    mount = small_mount("size=8m")
+    r0, r1 = launch(2, "torch_disk_full.py", "--ckpt", str(mount / "ckpt.pt"), "--fault", "read-only",
+                    "--background")
+    assert r0["size"] == r1["size"] == 2 and r1["error"] is None
+    assert r0["error"] == (f"CheckpointError: cannot write checkpoint '{mount / 'ckpt.pt'}': Read-only file system "
+                           "(errno 30): save to a writable file system; the previous checkpoint is untouched"), \
+        r0["error"]
+    assert r0["files"] == [], "nothing is left"
+
+
 def test_the_rank_that_failed_first_is_named_not_the_one_reaped_first(tmp_path):
     """Rank 1 raises and takes a moment to exit; rank 0 then fails at once because Horovod shut down.
     horovodrun reaps rank 0 first; hvdkit launch must still name rank 1 and its error."""

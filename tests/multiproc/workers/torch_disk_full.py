@@ -1,9 +1,11 @@
-"""Worker: the checkpoint's disk fills up from elsewhere after the pre-flight check; rank 0's save must fail with
-one CheckpointError naming the space, not torch's RuntimeError (issue 34, case 4)."""
+"""Worker: the checkpoint's disk fills up from elsewhere after the pre-flight check (or, with --fault read-only, is
+remounted read-only, as after a storage fault); rank 0's save must fail with one CheckpointError naming the cause,
+not torch's RuntimeError (issue 34, case 4)."""
 
 import argparse
 import os
 import shutil
+import subprocess
 
 import torch
 from rank_results import write_result
@@ -14,6 +16,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--ckpt", required=True)
 p.add_argument("--background", action="store_true", help="save_checkpoint(blocking=False), then wait for it")
+p.add_argument("--fault", choices=("full", "read-only"), default="full")
 args = p.parse_args()
 
 ctx = hk.init(seed=0, threads=1)
@@ -21,10 +24,12 @@ model = torch.nn.Linear(1024, 1024)                          # 4 MiB of weights
 optimizer = hk.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
 hk.broadcast_state(model, optimizer)
 hk.check_checkpoint_path(args.ckpt, model)                   # passes: the disk is still empty
-if ctx.is_main:                                              # another job fills the disk, leaving 1 MiB
-    directory = os.path.dirname(args.ckpt)
+directory = os.path.dirname(args.ckpt)
+if ctx.is_main and args.fault == "full":                     # another job fills the disk, leaving 1 MiB
     with open(os.path.join(directory, "filler"), "wb") as f:
         f.write(b"\0" * (shutil.disk_usage(directory).free - 2**20))
+elif ctx.is_main:                                            # root, as the tests run
+    subprocess.run(["mount", "-o", "remount,ro", directory], check=True)
 error = None
 try:
     hk.save_checkpoint(args.ckpt, model, optimizer, blocking=not args.background)
