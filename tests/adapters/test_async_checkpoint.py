@@ -201,3 +201,49 @@ def test_a_gpu_state_is_copied_into_pinned_memory_without_blocking_then_waited_f
     assert torch.equal(copy["optimizer"]["state"][0]["exp_avg"], moment)
     weights.add_(1.0), state["extra"]["losses"].append(0.25), state["cpu"].add_(1.0)
     assert copy["model"]["w"][0, 0] == 0.0 and copy["extra"]["losses"] == [0.5] and copy["cpu"][0] == 1.0
+
+
+TWO_WRITERS = r'''
+import json, sys, time, torch, hvdkit.torch as hk
+hk.init(threads=1)
+path, role = sys.argv[1], sys.argv[2]
+model = torch.nn.Linear(64, 64)
+if role == "first":                     # its write holds the file (and its lock) for 8 s
+    real_save = torch.save
+
+    def slow_save(obj, f, *args, **kwargs):
+        print("writing", flush=True)
+        time.sleep(8)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = slow_save
+hk.save_checkpoint(path, model, blocking=False, writer=role)
+try:
+    hk.wait_for_checkpoint()
+    print(json.dumps({"error": None}))
+except hk.CheckpointError as exc:
+    print(json.dumps({"error": str(exc)}))
+'''
+
+
+def test_two_processes_saving_one_path_in_the_background_name_each_other_and_the_first_file_stays(tmp_path):
+    """Issue 53: the concurrent-writer case for background saves. The second process's background write meets the
+    first's live temporary file: its wait raises the blocking save's line naming the other writer, and the first
+    save, untouched, ends as the file."""
+    import torch
+
+    path = tmp_path / "ckpt.pt"
+    first = subprocess.Popen([sys.executable, "-c", TWO_WRITERS, str(path), "first"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "writing", first.stderr.read()[-3000:]
+        second = run(TWO_WRITERS, str(path), "second")
+        first_out, first_err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert second.returncode == 0, second.stderr[-3000:]
+    error = json.loads(second.stdout.strip().splitlines()[-1])["error"]
+    assert error and error.startswith(f"another process is writing checkpoint '{path}' right now (.ckpt.pt."), error
+    assert json.loads(first_out.strip().splitlines()[-1]) == {"error": None}, first_err[-3000:]
+    assert torch.load(path, weights_only=True)["extra"] == {"writer": "first"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
