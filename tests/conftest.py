@@ -275,3 +275,23 @@ def launch(tmp_path):
         return read_rank_results(tmp_path, np, output)
 
     return _launch
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """mount(options) -> a fresh tmpfs mounted with those options (a read-only or a nearly full disk)."""
+    mounts = []
+
+    def _mount(options: str):
+        where = tmp_path / f"mnt{len(mounts)}"
+        where.mkdir()
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                             text=True)
+        if res.returncode != 0:
+            pytest.fail(f"cannot mount a tmpfs ({res.stderr.strip()}): these tests run as root, as CI does")
+        mounts.append(where)
+        return where
+
+    yield _mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -61,7 +61,6 @@ class _Save:
 
 
 _pending: _Save | None = None
-_deferred: CheckpointError | None = None      # a failure kept for the next wait or check (an elastic reset's)
 _lock = threading.Lock()
 _exit_hook = False
 
@@ -85,27 +84,24 @@ def in_flight() -> bool:
     return _pending is not None
 
 
-def wait_for_checkpoint(defer: bool = False) -> str | None:
+def wait_for_checkpoint() -> str | None:
     """Block until the save in flight is on disk and return its path (None: there was none).
 
     Raises its :class:`CheckpointError` (another error becomes one, naming
     the file) when the background write failed: the previous checkpoint is
     then untouched, as after a failed blocking save. Only the writing rank
     (rank 0) raises; the others meet it at their next collective.
-    ``defer=True`` keeps the failure for the next call or :func:`check`.
     """
-    global _pending, _deferred
+    global _pending
     with _lock:
         save, _pending = _pending, None
-    written = None
-    if save is not None:
-        save.thread.join()
-        written = save.written
-        _deferred = _deferred or _failure(save)      # the first failure, if an earlier one was kept
-    if defer or _deferred is None:
-        return written
-    failure, _deferred = _deferred, None
-    raise failure
+    if save is None:
+        return None
+    save.thread.join()
+    failure = _failure(save)
+    if failure is not None:
+        raise failure
+    return save.written
 
 
 def _failure(save: _Save) -> CheckpointError | None:
@@ -124,7 +120,7 @@ def _failure(save: _Save) -> CheckpointError | None:
 def check() -> None:
     """Raise now, without blocking, if the save in flight has already failed (at the next step)."""
     save = _pending
-    if _deferred is not None or (save is not None and not save.thread.is_alive() and save.error is not None):
+    if save is not None and not save.thread.is_alive() and save.error is not None:
         wait_for_checkpoint()
 
 

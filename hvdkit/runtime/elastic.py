@@ -14,6 +14,7 @@ from typing import Callable
 
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import async_save, context
+from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.lr import scale_lr_for
 
 
@@ -30,8 +31,12 @@ def run(func: Callable) -> Callable:
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HorovodInternalError
 
+    failed_save = []        # a background save's failure met in a reset: raised once training resumes
+
     @functools.wraps(func)
     def attempt(state, *args, **kwargs):
+        if failed_save:
+            raise failed_save.pop()
         try:
             return func(state, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised unless it is a failed Horovod collective
@@ -41,8 +46,12 @@ def run(func: Callable) -> Callable:
 
     def reset():
         # A background save in flight finishes first: its rank may become another, or another rank 0 may save.
-        # Its failure waits for the next save or step: raised here, on one rank, it would leave Horovod's loop there.
-        async_save.wait_for_checkpoint(defer=True)
+        # Its failure is raised after the sync that follows, where the script's own code runs again: raised here
+        # or in the sync (whose optimizer broadcast may step), on one rank, it would leave Horovod's loop there.
+        try:
+            async_save.wait_for_checkpoint()
+        except CheckpointError as exc:
+            failed_save.append(exc)
         context.backend().reset()
 
     return run_fn(attempt, reset)

@@ -79,26 +79,6 @@ def test_a_kill_right_after_the_rename_never_blocks_the_resume(tmp_path):
         assert r["size"] == 2 and r["extra"] == {"epoch": 1}, "the complete new checkpoint is the one loaded"
 
 
-@pytest.fixture
-def small_mount(tmp_path):
-    """mount(options) -> a fresh tmpfs mounted with those options (a read-only or a nearly full disk)."""
-    mounts = []
-
-    def _mount(options: str):
-        where = tmp_path / f"mnt{len(mounts)}"
-        where.mkdir()
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
-                             text=True)
-        if res.returncode != 0:
-            pytest.fail(f"cannot mount a tmpfs ({res.stderr.strip()}): these tests run as root, as CI does")
-        mounts.append(where)
-        return where
-
-    yield _mount
-    for where in mounts:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 @pytest.mark.parametrize("options, words", [
     ("ro,size=1m", "Read-only file system (errno 30): save to a writable file system"),
     ("size=64k", "has 64 KiB free but keep_last=3 checkpoints of this model need (3 kept and the one being written: "
