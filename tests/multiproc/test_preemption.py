@@ -138,15 +138,20 @@ def test_sigterm_to_a_plain_horovodrun_mpi_leaves_its_checkpoint_whole_and_exits
     assert [m["signal"] for m in marks] == [signal.SIGUSR1] * 2, marks
 
 
-@pytest.mark.parametrize("mode, target, controller", [("tensorflow", "ckpt.npz", "gloo"), ("torch", "ckpt.npz", "mpi"),
-                                                      ("tensorflow", "ckpts/", "mpi")])
-def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path, mode, target, controller):
+@pytest.mark.parametrize("mode, target, controller, background", [("tensorflow", "ckpt.npz", "gloo", True),
+                                                                  ("torch", "ckpt.npz", "mpi", False),
+                                                                  ("tensorflow", "ckpts/", "mpi", False)])
+def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path, mode, target, controller,
+                                                                        background):
     """``target`` "ckpts/" is the form docs/CLUSTERS.md shows; before, rank 0 raised "pass step=" and wrote
-    nothing, and the job exited 1 instead of 75."""
+    nothing, and the job exited 1 instead of 75. ``background``: a save with blocking=False after every batch
+    (a second each) is in flight when the signal comes; the preemption's save waits for it, then writes its own
+    batch (issue 53)."""
     ckpt, out = f"{tmp_path}/{target}", tmp_path / "preempted"
     out.mkdir()
     worker = str(WORKERS / "keras_preempt.py")
-    output, ended = sigterm_one_rank([worker, "--out", str(out), "--mode", mode, "--ckpt", ckpt],
+    output, ended = sigterm_one_rank([worker, "--out", str(out), "--mode", mode, "--ckpt", ckpt,
+                                      *(["--background"] if background else [])],
                                      progress_at_least(out / "progress", (3,)),
                                      lambda: int((out / "pid1").read_text()), controller)
     assert ended < 30, (ended, output[-3000:])
@@ -160,6 +165,7 @@ def test_keras_preemption_checkpoint_stops_every_rank_at_the_same_batch(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(out2, 2, proc.stdout):
         assert [r["epoch"], r["batch"]] == marks[0]["stopped_at"] and r["size"] == 2
+        assert r["periodic"] is False, "a background save in flight ended as the file"
     if target.endswith("/"):
         epoch, batch = marks[0]["stopped_at"]
         assert [p.name for p in (tmp_path / target).iterdir()] == [f"ckpt-{epoch * 30 + batch:08d}.npz"]

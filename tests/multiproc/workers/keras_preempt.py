@@ -1,8 +1,11 @@
 """Worker: model.fit with hk.callbacks(preemption_checkpoint=...); a signal on one rank stops every rank
-at the same batch end with a checkpoint. --check-resume loads that checkpoint instead of training."""
+at the same batch end with a checkpoint. --check-resume loads that checkpoint instead of training.
+--background also saves to the same file after every batch with blocking=False, each background write taking a
+second longer (a slow file system), so that one is in flight when the signal comes."""
 
 import argparse
 import os
+import threading
 import time
 
 import numpy as np
@@ -14,7 +17,17 @@ import hvdkit.keras as hk
 p = argparse.ArgumentParser()
 p.add_argument("--ckpt", required=True)
 p.add_argument("--check-resume", action="store_true")
+p.add_argument("--background", action="store_true")
 args = parse_args(p)
+if args.background:
+    import hvdkit.runtime.checkpoint as core
+
+    def slow_save_to(*a, _save_to=core.save_to, **kw):
+        if threading.current_thread() is not threading.main_thread():     # the background writes only
+            time.sleep(1.0)
+        return _save_to(*a, **kw)
+
+    core.save_to = slow_save_to
 
 keras = hk.use_backend(args.mode)   # before init, which reads the backend
 ctx = hk.init(seed=1, threads=1)
@@ -27,7 +40,8 @@ model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), los
 
 if args.check_resume:
     extra = hk.load_checkpoint(args.ckpt, model, model.optimizer)
-    write_result(args.out, ctx.rank, {"size": ctx.size, "epoch": extra["epoch"], "batch": extra["batch"]})
+    write_result(args.out, ctx.rank, {"size": ctx.size, "epoch": extra["epoch"], "batch": extra["batch"],
+                                      "periodic": extra.get("periodic", False)})
     raise SystemExit(0)
 
 
@@ -39,7 +53,17 @@ class Progress(keras.callbacks.Callback):
         time.sleep(0.2)
 
 
-cbs = hk.callbacks(Progress(), preemption_checkpoint=args.ckpt)
+class SaveInTheBackground(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        hk.save_checkpoint(args.ckpt, model, model.optimizer, blocking=False, epoch=self.epoch, batch=batch + 1,
+                           periodic=True)
+
+
+cbs = hk.callbacks(Progress(), *([SaveInTheBackground()] if args.background else []),
+                   preemption_checkpoint=args.ckpt)
 try:
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=cbs)
 except SystemExit:
