@@ -1,9 +1,9 @@
 """Issue 39: optimizer-state memory per rank and step time, sharded against unsharded hvdkit and torch's ZeRO.
 
-Run from the repository root: .venv/bin/python docs/bench/sharded_state.py [--steps 5] [--np 1,2,4]
-Each (model, world size, implementation) is one job on this host, run in turn, those at one size back to
-back: hvdkit (DistributedOptimizer, Adam), hvdkit-sharded (shard_optimizer_state=True) under horovodrun,
-and torch-zero (DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer over Adam, Gloo)
+Run from the repository root: .venv/bin/python docs/bench/sharded_state.py [--steps 5] [--np 1,2,4] [--runs 3]
+Each (model, world size, implementation) is one job on this host; at one size the implementations take turns,
+--runs rounds of them: hvdkit (DistributedOptimizer, Adam), hvdkit-sharded (shard_optimizer_state=True) under
+horovodrun, and torch-zero (DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer over Adam, Gloo)
 under torchrun. Memory is the bytes of the optimizer state each rank holds (every tensor in the state, the
 largest rank's), time the median of the timed steps on rank 0. The table goes to stdout and
 docs/bench/sharded_state.txt.
@@ -166,6 +166,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3, help="rounds in which the implementations take turns")
     p.add_argument("--out", default="/tmp/sharded-state")
     p.add_argument("--impls", default="hvdkit,hvdkit-sharded,torch-zero")
     p.add_argument("--table", default="sharded_state.txt", help="the file under docs/bench/")
@@ -174,29 +175,46 @@ def main():
         return worker(args)
     from hvdkit.bench.results import write_table
 
+    impls = args.impls.split(",")
+    unknown = [impl for impl in impls if impl not in IMPLS]
+    if unknown:
+        raise SystemExit(f"error: unknown implementation {unknown[0]!r}: give some of {', '.join(IMPLS)}")
     rows = []
     for model in args.models.split(","):
         for np in (int(n) for n in args.np.split(",")):
-            for impl in args.impls.split(","):
-                if impl not in IMPLS:
-                    raise SystemExit(f"error: unknown implementation {impl!r}: give some of {', '.join(IMPLS)}")
-                out = Path(args.out) / f"{model}-{np}-{impl}"
-                out.mkdir(parents=True, exist_ok=True)
-                load = os.getloadavg()[0]
-                measured = launch(impl, model, np, args, out)
-                rows.append({"model": model, "np": np, "impl": impl, "load": load, **measured})
-                print(json.dumps(rows[-1]), flush=True)
+            # The implementations take turns, round after round: a busy minute on the machine then falls on
+            # every one of them, not on one.
+            runs = {impl: [] for impl in impls}
+            for round_ in range(args.runs):
+                for impl in impls:
+                    out = Path(args.out) / f"{model}-{np}-{impl}-{round_}"
+                    out.mkdir(parents=True, exist_ok=True)
+                    load = os.getloadavg()[0]
+                    runs[impl].append({"load": load, **launch(impl, model, np, args, out)})
+                    print(json.dumps({"model": model, "np": np, "impl": impl, "round": round_, **runs[impl][-1]}),
+                          flush=True)
+            for impl in impls:
+                steps = [r["step_s"] for r in runs[impl]]
+                rows.append({**runs[impl][0], "model": model, "np": np, "impl": impl, "steps": steps,
+                             "step_s": statistics.median(steps), "load": max(r["load"] for r in runs[impl])})
     # Each framework's share is of its own unsharded state at the same size.
     base = {(r["impl"].startswith("keras"), r["model"], r["np"]): r for r in rows if r["impl"] in ("hvdkit", "keras")}
-    lines = [f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}; "
-             "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size",
+    zero = {(r["model"], r["np"]): r for r in rows if r["impl"] == "torch-zero"}
+    lines = [f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}, {args.runs} "
+             "interleaved run(s); step s: the median of the runs' medians (rank 0), each run's in brackets; "
+             "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size; "
+             "x unsharded, x ZeRO: the step against those medians",
              f"{'model':<12}{'np':>3}  {'impl':<15}{'state MiB':>10}{'share':>8}{'copies MiB':>11}{'step s':>9}"
-             f"{'load':>6}"]
+             f"{'x unsharded':>12}{'x ZeRO':>8}{'load':>6}  runs"]
     for r in rows:
         unsharded = base.get((r["impl"].startswith("keras"), r["model"], r["np"]))
         share = r["state_mib"] / unsharded["state_mib"] if unsharded else float("nan")
+        vs_plain = r["step_s"] / unsharded["step_s"] if unsharded else float("nan")
+        peer = zero.get((r["model"], r["np"]))
+        vs_zero = r["step_s"] / peer["step_s"] if peer else float("nan")
         lines.append(f"{r['model']:<12}{r['np']:>3}  {r['impl']:<15}{r['state_mib']:>10.1f}{share:>8.3f}"
-                     f"{r['copy_mib']:>11.1f}{r['step_s']:>9.3f}{r['load']:>6.2f}")
+                     f"{r['copy_mib']:>11.1f}{r['step_s']:>9.3f}{vs_plain:>12.2f}{vs_zero:>8.2f}{r['load']:>6.2f}  "
+                     f"[{', '.join(f'{t:.3f}' for t in r['steps'])}]")
     write_table(ROOT / "docs" / "bench" / args.table, lines)
 
 
