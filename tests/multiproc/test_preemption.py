@@ -281,18 +281,18 @@ def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_pro
     --shard-optimizer-state the preemption's save gathers both ranks' slices into one unsharded-layout file,
     and 3 processes cut it into their own."""
     ckpts = tmp_path / "ckpts"
-    example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "8", "--checkpoint-dir", str(ckpts), "--json",
+    example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "4", "--checkpoint-dir", str(ckpts), "--json",
                *(["--shard-optimizer-state"] if shard else [])]
     flags = ["--gloo"] if controller == "gloo" else []
 
     def rank_1_pid() -> int:
-        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 8"],
+        pids = subprocess.run(["pgrep", "-f", f"^{sys.executable} {example[0]} --epochs 4"],
                               capture_output=True, text=True).stdout.split()
         assert len(pids) == 2, pids
         return int(max(pids, key=int))
 
     launch = hvdkit_cmd("launch", "-np", "2", "-H", "localhost:2", *flags, "--", sys.executable, *example)
-    output, ended, code = signal_job(launch, lambda out: "Epoch 3/8" in out, rank_1_pid)
+    output, ended, code = signal_job(launch, lambda out: "Epoch 3/4" in out, rank_1_pid)
     assert code == REQUEUE_EXIT_CODE and ended < 30, (code, ended, output[-3000:])
     assert "final test accuracy" not in output
     saved = sorted(p.name for p in ckpts.glob("ckpt-*.npz"))
@@ -314,7 +314,7 @@ def test_the_keras_example_checkpoints_on_sigterm_and_resumes_mid_epoch_on_3_pro
     proc = run_job(launch3, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     result = example_result(proc.stdout)
-    assert result["size"] == 3 and result["test_accuracy"] > 0.9
+    assert result["size"] == 3 and result["test_accuracy"] > 0.9, result
     # The rest of the stopped epoch: (1438 - samples) over 3 ranks of 32, then whole epochs of ceil(1438/96).
     rest = -(-(1438 - samples) // 96)
     assert "15/15 " in proc.stdout, proc.stdout[-3000:]
