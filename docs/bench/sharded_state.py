@@ -148,7 +148,8 @@ def launch(impl, model, np, args, out):
     if impl == "torch-zero":
         cmd = [str(py.parent / "torchrun"), "--standalone", f"--nproc-per-node={np}", *argv]
     else:
-        cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", str(py), *argv]
+        flag = ["--gloo"] if args.controller == "gloo" else []
+        cmd = [str(py.parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flag, str(py), *argv]
     from hvdkit.bench.results import run_ranks
 
     ranks = run_ranks(cmd, np, out, f"{impl} {model} np={np}", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
@@ -167,6 +168,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=3, help="rounds in which the implementations take turns")
+    p.add_argument("--controller", choices=("mpi", "gloo"), default="mpi",
+                   help="hvdkit's controller: MPI, what hvdkit launch runs on one host, or Gloo, torch's backend here")
     p.add_argument("--out", default="/tmp/sharded-state")
     p.add_argument("--impls", default="hvdkit,hvdkit-sharded,torch-zero")
     p.add_argument("--table", default="sharded_state.txt", help="the file under docs/bench/")
@@ -200,7 +203,8 @@ def main():
     # Each framework's share is of its own unsharded state at the same size.
     base = {(r["impl"].startswith("keras"), r["model"], r["np"]): r for r in rows if r["impl"] in ("hvdkit", "keras")}
     zero = {(r["model"], r["np"]): r for r in rows if r["impl"] == "torch-zero"}
-    lines = [f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}, {args.runs} "
+    lines = [f"hvdkit under horovodrun's {args.controller.upper()} controller, torch-zero under Gloo; "
+             f"Adam, batch {args.batch_size} a rank, {args.steps} timed steps after {args.warmup}, {args.runs} "
              "interleaved run(s); step s: the median of the runs' medians (rank 0), each run's in brackets; "
              "state: the largest rank's optimizer state; share: of unsharded hvdkit's at the same size; "
              "x unsharded, x ZeRO: the step against those medians",

@@ -67,6 +67,12 @@ class TorchBackend(Backend):
     def grouped_allgather(self, tensors: Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
         return hvd.grouped_allgather(list(tensors), name=name) if tensors else []
 
+    def start_grouped_allgather(self, tensors: Sequence[torch.Tensor], name: str):
+        if not tensors:
+            return list
+        handle = hvd.grouped_allgather_async(list(tensors), name=name)
+        return lambda: hvd.synchronize(handle)
+
     def gather_to(self, root: int, tensors: Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
         # Every alltoall is started before the first is waited for: what root receives is each tensor whole.
         handles = []

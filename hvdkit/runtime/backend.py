@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdkit.common.errors import UserError
@@ -148,6 +148,14 @@ class Backend(ABC):
     @abstractmethod
     def grouped_allgather(self, tensors: Sequence, name: str) -> list:
         """Each tensor with every rank's rows, in rank order (1-D slices of a whole, for sharded state)."""
+
+    def start_grouped_allgather(self, tensors: Sequence, name: str) -> Callable[[], list]:
+        """:meth:`grouped_allgather` started now; the returned function waits for it and returns its result.
+
+        The training thread goes on meanwhile where the framework runs collectives in the background (Horovod's
+        torch ops do); this default gathers at once."""
+        gathered = self.grouped_allgather(tensors, name)
+        return lambda: gathered
 
     @abstractmethod
     def gather_to(self, root: int, tensors: Sequence, name: str) -> list:

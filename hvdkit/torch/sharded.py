@@ -12,7 +12,8 @@ the average. ``step()`` then updates, on each rank, one slice of every
 parameter (flattened, rank r holds elements ``[r*c, (r+1)*c)`` with
 ``c = ceil(numel / size)``) with the optimizer's own update rule, so the state
 (Adam's two moments, SGD's momentum) exists only for that slice; the updated
-slices are then all-gathered, one grouped allgather a step. This is the design
+slices are then all-gathered: in four parts, each part's allgather running
+while the next part is updated. This is the design
 of torch's ``ZeroRedundancyOptimizer`` beside DDP (average, step a part, share
 the parameters), with slices instead of whole parameters, so that every rank
 holds the same 1/N whatever the parameters' sizes. Slicing gives the same
@@ -60,6 +61,29 @@ def _is_full(key: str, value, param: torch.Tensor) -> bool:
     return torch.is_tensor(value) and key not in SCALAR_KEYS and value.numel() == param.numel()
 
 
+# Parts of the sharded step (:meth:`Slices.step`). On the 2-core machine (ResNet-50, 2 ranks, MPI) the whole step
+# went from 1.12 times the unsharded one in one part to 1.03 times in four (docs/BENCHMARKS.md).
+BUCKETS = 4
+
+
+def _buckets(items: list, parts: int) -> list[list]:
+    """``items`` (parameter, ...) in order, cut into about ``parts`` runs of equal parameter size.
+
+    By the whole parameters' sizes, which every rank shares (a rank's slices differ in size at the end), so
+    every rank cuts the same parts and joins the same allgathers."""
+    total = sum(item[0].numel() for item in items)
+    out, run, size = [], [], 0
+    for item in items:
+        run.append(item)
+        size += item[0].numel()
+        if size * parts >= total * (len(out) + 1):
+            out.append(run)
+            run = []
+    if run:
+        out.append(run)
+    return out
+
+
 class Slices:
     """This rank's slice of every parameter, as views into the parameters, and the optimizer that steps them."""
 
@@ -88,7 +112,10 @@ class Slices:
         return {k: v for k, v in group.items() if k != "params"}
 
     def step(self) -> None:
-        """Update this rank's slices from the averaged gradients, then gather every rank's into the parameters."""
+        """Update this rank's slices from the averaged gradients, then gather every rank's into the parameters.
+
+        In :data:`BUCKETS` parts, in parameter order: each part's allgather starts as soon as its slices are
+        updated and runs (on Horovod's thread) while the next part is updated."""
         for inner, group in zip(self.inner.param_groups, self.optimizer.param_groups):
             inner.update(self._options(group))            # a scheduler or a hand edit changed the rate
         shared = []
@@ -100,19 +127,24 @@ class Slices:
             if p.grad is not None and p.grad.is_sparse:
                 raise UserError("shard_optimizer_state needs dense gradients, but a parameter got a sparse one "
                                 "(nn.Embedding(sparse=True)): use a dense embedding, or leave sharding off")
-            view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
             # The same on every rank (hvdkit's rule for freezing), so every rank joins the same allgather even
             # where a gradient is missing. A frozen parameter still holding a gradient (zeros, after
             # zero_grad(set_to_none=False)) is stepped too, as in one process (momentum, weight decay).
             if p.requires_grad or p.grad is not None:
-                shared.append((p, view))
-        self.inner.step()
-        if shared:
-            gathered = self.backend.grouped_allgather([view.contiguous() for _, view in shared], name="hvdkit.shards")
-            for (p, _), full in zip(shared, gathered):
+                shared.append((p, view, start, end))
+        gathering = []
+        for n, part in enumerate(_buckets(shared, BUCKETS)):
+            # torch's optimizers step only the parameters that hold a gradient: this part's.
+            for p, view, start, end in part:
+                view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
+            self.inner.step()
+            for _, view, _, _ in part:
+                view.grad = None
+            gathering.append((part, self.backend.start_grouped_allgather([view for _, view, _, _ in part],
+                                                                         name=f"hvdkit.shards.{n}")))
+        for part, wait in gathering:
+            for (p, _, _, _), full in zip(part, wait()):
                 p.detach().view(-1).copy_(full)
-        for view in self.views:
-            view.grad = None
 
     @property
     def backend(self):
