@@ -8,7 +8,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -67,9 +67,10 @@ class TorchBackend(Backend):
     def grouped_allgather(self, tensors: Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
         return hvd.grouped_allgather(list(tensors), name=name) if tensors else []
 
-    def start_grouped_allgather(self, tensors: Sequence[torch.Tensor], name: str):
+    def start_grouped_allgather(self, tensors: Sequence[torch.Tensor],
+                                name: str) -> Callable[[], list[torch.Tensor]]:
         if not tensors:
-            return list
+            return lambda: []
         handle = hvd.grouped_allgather_async(list(tensors), name=name)
         return lambda: hvd.synchronize(handle)
 

@@ -19,6 +19,9 @@ Where the script goes on, the save is waited for:
 A failed background save is raised as the same one-line
 :class:`~hvdkit.runtime.checkpoint_files.CheckpointError` a blocking save
 gives, at the first of those, or at the next optimizer step (:func:`check`).
+An elastic reset holds it instead (:func:`wait_and_hold`): it is raised when
+the training function runs again after the sync (:func:`raise_held`), or at
+the process's end.
 
 Example::
 
@@ -117,6 +120,27 @@ def _failure(save: _Save) -> CheckpointError | None:
     return None
 
 
+_held: CheckpointError | None = None      # a failure an elastic reset met, for raise_held or the process's end
+
+
+def wait_and_hold() -> None:
+    """:func:`wait_for_checkpoint`, keeping a failure for :func:`raise_held` instead of raising it (an elastic
+    reset: raised there, or in the sync after it, on one rank, it would leave Horovod's loop on that rank)."""
+    global _held
+    try:
+        wait_for_checkpoint()
+    except CheckpointError as exc:
+        _held = _held or exc                    # the first one, if two resets met failures
+
+
+def raise_held() -> None:
+    """Raise the failure :func:`wait_and_hold` kept, once (elastic training's function, after the sync)."""
+    global _held
+    failure, _held = _held, None
+    if failure is not None:
+        raise failure
+
+
 def check() -> None:
     """Raise now, without blocking, if the save in flight has already failed (at the next step)."""
     save = _pending
@@ -128,6 +152,7 @@ def _at_exit() -> None:
     """At the process's end (the writer already joined): a failure is printed as an exception line, exit 1."""
     try:
         wait_for_checkpoint()
+        raise_held()
     except CheckpointError as exc:
         sys.stdout.flush()
         print(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}", file=sys.stderr, flush=True)

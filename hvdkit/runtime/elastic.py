@@ -14,7 +14,6 @@ from typing import Callable
 
 from hvdkit.common.errors import UserError
 from hvdkit.runtime import async_save, context
-from hvdkit.runtime.checkpoint_files import CheckpointError
 from hvdkit.runtime.lr import scale_lr_for
 
 
@@ -31,12 +30,9 @@ def run(func: Callable) -> Callable:
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HorovodInternalError
 
-    failed_save = []        # a background save's failure met in a reset: raised once training resumes
-
     @functools.wraps(func)
     def attempt(state, *args, **kwargs):
-        if failed_save:
-            raise failed_save.pop()
+        async_save.raise_held()         # a background save's failure that a reset met, now the sync is done
         try:
             return func(state, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised unless it is a failed Horovod collective
@@ -48,10 +44,7 @@ def run(func: Callable) -> Callable:
         # A background save in flight finishes first: its rank may become another, or another rank 0 may save.
         # Its failure is raised after the sync that follows, where the script's own code runs again: raised here
         # or in the sync (whose optimizer broadcast may step), on one rank, it would leave Horovod's loop there.
-        try:
-            async_save.wait_for_checkpoint()
-        except CheckpointError as exc:
-            failed_save.append(exc)
+        async_save.wait_and_hold()
         context.backend().reset()
 
     return run_fn(attempt, reset)

@@ -63,22 +63,24 @@ def _is_full(key: str, value, param: torch.Tensor) -> bool:
 
 # Parts of the sharded step (:meth:`Slices.step`). On the 2-core machine (ResNet-50, 2 ranks, MPI) the whole step
 # went from 1.12 times the unsharded one in one part to 1.03 times in four (docs/BENCHMARKS.md).
-BUCKETS = 4
+PARTS = 4
 
 
-def _buckets(items: list, parts: int) -> list[list]:
-    """``items`` (parameter, ...) in order, cut into about ``parts`` runs of equal parameter size.
+def _parts(items: list, parts: int) -> list[list]:
+    """``items`` (parameter, ...) in order, cut into at most ``parts`` runs of about equal parameter size.
 
     By the whole parameters' sizes, which every rank shares (a rank's slices differ in size at the end), so
-    every rank cuts the same parts and joins the same allgathers."""
-    total = sum(item[0].numel() for item in items)
-    out, run, size = [], [], 0
+    every rank cuts the same parts and joins the same allgathers. A run ends where the running size passes
+    a multiple of ``total / parts`` (a large parameter may pass several: the next run ends at the one after)."""
+    total = max(1, sum(item[0].numel() for item in items))
+    out, run, size, passed = [], [], 0, 0
     for item in items:
         run.append(item)
         size += item[0].numel()
-        if size * parts >= total * (len(out) + 1):
+        reached = size * parts // total
+        if passed < reached < parts:
             out.append(run)
-            run = []
+            run, passed = [], reached
     if run:
         out.append(run)
     return out
@@ -114,7 +116,7 @@ class Slices:
     def step(self) -> None:
         """Update this rank's slices from the averaged gradients, then gather every rank's into the parameters.
 
-        In :data:`BUCKETS` parts, in parameter order: each part's allgather starts as soon as its slices are
+        In :data:`PARTS` parts, in parameter order: each part's allgather starts as soon as its slices are
         updated and runs (on Horovod's thread) while the next part is updated."""
         for inner, group in zip(self.inner.param_groups, self.optimizer.param_groups):
             inner.update(self._options(group))            # a scheduler or a hand edit changed the rate
@@ -132,16 +134,25 @@ class Slices:
             # zero_grad(set_to_none=False)) is stepped too, as in one process (momentum, weight decay).
             if p.requires_grad or p.grad is not None:
                 shared.append((p, view, start, end))
+        for view in self.views:          # a part whose update raised in an earlier step left its gradients
+            view.grad = None
         gathering = []
-        for n, part in enumerate(_buckets(shared, BUCKETS)):
-            # torch's optimizers step only the parameters that hold a gradient: this part's.
-            for p, view, start, end in part:
-                view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
-            self.inner.step()
-            for _, view, _, _ in part:
-                view.grad = None
-            gathering.append((part, self.backend.start_grouped_allgather([view for _, view, _, _ in part],
-                                                                         name=f"hvdkit.shards.{n}")))
+        try:
+            for n, part in enumerate(_parts(shared, PARTS)):
+                # torch's optimizers step only the parameters that hold a gradient: this part's.
+                for p, view, start, end in part:
+                    view.grad = None if p.grad is None else p.grad.reshape(-1)[start:end]
+                try:
+                    self.inner.step()
+                finally:
+                    for _, view, _, _ in part:
+                        view.grad = None
+                gathering.append((part, self.backend.start_grouped_allgather([view for _, view, _, _ in part],
+                                                                             name=f"hvdkit.shards.{n}")))
+        except BaseException:
+            for _, wait in gathering:        # the parts already started, on every rank: none is left behind
+                wait()
+            raise
         for part, wait in gathering:
             for (p, _, _, _), full in zip(part, wait()):
                 p.detach().view(-1).copy_(full)

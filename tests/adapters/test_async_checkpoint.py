@@ -204,16 +204,17 @@ def test_a_gpu_state_is_copied_into_pinned_memory_without_blocking_then_waited_f
 
 
 TWO_WRITERS = r'''
-import json, sys, time, torch, hvdkit.torch as hk
+import json, os, sys, time, torch, hvdkit.torch as hk
 hk.init(threads=1)
 path, role = sys.argv[1], sys.argv[2]
 model = torch.nn.Linear(64, 64)
-if role == "first":                     # its write holds the file (and its lock) for 8 s
+if role == "first":                     # its write holds the file (and its lock) until the test releases it
     real_save = torch.save
 
     def slow_save(obj, f, *args, **kwargs):
         print("writing", flush=True)
-        time.sleep(8)
+        while not os.path.exists(path + ".release"):
+            time.sleep(0.05)
         return real_save(obj, f, *args, **kwargs)
 
     torch.save = slow_save
@@ -238,6 +239,7 @@ def test_two_processes_saving_one_path_in_the_background_name_each_other_and_the
     try:
         assert first.stdout.readline().strip() == "writing", first.stderr.read()[-3000:]
         second = run(TWO_WRITERS, str(path), "second")
+        (tmp_path / "ckpt.pt.release").touch()
         first_out, first_err = first.communicate(timeout=120)
     finally:
         first.kill()
@@ -246,4 +248,4 @@ def test_two_processes_saving_one_path_in_the_background_name_each_other_and_the
     assert error and error.startswith(f"another process is writing checkpoint '{path}' right now (.ckpt.pt."), error
     assert json.loads(first_out.strip().splitlines()[-1]) == {"error": None}, first_err[-3000:]
     assert torch.load(path, weights_only=True)["extra"] == {"writer": "first"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt.pt.release"]

@@ -53,15 +53,15 @@ def test_an_optimizer_stepped_in_parts_ends_where_one_step_does(name):
     """The sharded step updates its slices in parts (each part's allgather runs while the next is updated), one
     inner step() a part with only that part's gradients: torch's optimizers skip a parameter without one, so
     three steps of momentum and state end bit for bit where whole steps do."""
-    from hvdkit.torch.sharded import _buckets
+    from hvdkit.torch.sharded import _parts
 
     cls = getattr(torch.optim, name)
     kwargs = {"lr": 0.1, **({"momentum": 0.9, "weight_decay": 0.01} if name == "SGD" else {})}
     whole = [torch.nn.Parameter(torch.linspace(-1, 1, n)) for n in (5, 300, 7, 120, 1)]
     parted = [torch.nn.Parameter(p.detach().clone()) for p in whole]
     one, parts = cls(whole, **kwargs), cls(parted, **kwargs)
-    cut = _buckets([(p,) for p in parted], 3)
-    assert [len(run) for run in cut] == [2, 1, 2] and [id(q) for run in cut for (q,) in run] == list(map(id, parted))
+    cut = _parts([(p,) for p in parted], 3)
+    assert [len(run) for run in cut] == [2, 3] and [id(q) for run in cut for (q,) in run] == list(map(id, parted))
     index = {id(p): i for i, p in enumerate(parted)}
     for step in range(3):
         grads = [torch.sin(torch.arange(p.numel()) * (step + 1.0)) for p in whole]
@@ -80,11 +80,63 @@ def test_an_optimizer_stepped_in_parts_ends_where_one_step_does(name):
 
 def test_every_rank_cuts_the_same_parts_though_its_slices_differ_in_size():
     """By the whole parameters' sizes: rank 2 of 3 holds none of a 4-element parameter where rank 0 holds 2."""
-    from hvdkit.torch.sharded import _buckets
+    from hvdkit.torch.sharded import _parts
 
     params = [torch.zeros(n) for n in (4, 4, 4, 4, 12, 7)]
     cuts = []
     for rank in range(3):
         items = [(p, p[slice(*slice_range(p.numel(), rank, 3))]) for p in params]
-        cuts.append([[id(p) for p, _ in run] for run in _buckets(items, 4)])
+        cuts.append([[id(p) for p, _ in run] for run in _parts(items, 4)])
     assert cuts[0] == cuts[1] == cuts[2] and sum(map(len, cuts[0])) == len(params)
+
+
+
+class OneRank:
+    """The backend at world size 1, where a slice is its whole parameter: what Slices.step's collective returns."""
+
+    def start_grouped_allgather(self, tensors, name):
+        gathered = [t.clone() for t in tensors]
+        return lambda: gathered
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_the_sharded_step_in_parts_ends_where_the_optimizers_own_step_does(monkeypatch, name):
+    """Slices.step itself (its parts, the gradients it hands the inner optimizer, the copy back), at world size 1:
+    three steps over parameters that include a frozen one and one without a gradient end bit for bit where the
+    optimizer's own steps do. A part whose update raised leaves no gradient behind for the next step."""
+    monkeypatch.setattr(Slices, "backend", property(lambda self: OneRank()))
+    cls = getattr(torch.optim, name)
+    kwargs = {"lr": 0.1, **({"momentum": 0.9} if name == "SGD" else {})}
+    sizes = (5, 300, 7, 120, 1, 40)
+
+    def model():
+        params = [torch.nn.Parameter(torch.linspace(-1, 1, n)) for n in sizes]
+        params[2].requires_grad_(False)                   # frozen: no gradient, never stepped
+        return params
+
+    plain, sharded = model(), model()
+    reference, outer = cls(plain, **kwargs), cls(sharded, **kwargs)
+    slices = Slices(outer, cls, rank=0, size=1)
+    for step in range(3):
+        for params in (plain, sharded):
+            for i, p in enumerate(params):
+                # parameter 4 has no gradient this step (unused in the forward), the frozen one never
+                p.grad = None if i == 2 or (i == 4 and step == 1) else torch.sin(torch.arange(p.numel()) + step)
+        reference.step()
+        slices.step()
+    for a, b in zip(plain, sharded):
+        assert torch.equal(a.detach(), b.detach()), name
+
+    calls = []
+    real_step = slices.inner.step
+
+    def fails_once():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory (planted)")
+        return real_step()
+
+    monkeypatch.setattr(slices.inner, "step", fails_once)
+    with pytest.raises(RuntimeError, match="planted"):
+        slices.step()
+    assert all(view.grad is None for view in slices.views)

@@ -111,4 +111,4 @@ def test_a_worker_lost_while_a_background_save_is_in_flight_resets_after_the_wri
         # (the sync's optimizer broadcast steps, and the step's check raised there before).
         # (The frames of the script's call down to the raise, then those of the write that failed.)
         raised_in = re.search(r"raised in: (.*)", output).group(1).split()
-        assert raised_in[:4] == ["<module>", "wrapper", "attempt", "reset"], raised_in   # wrapper: Horovod's loop
+        assert raised_in[:4] == ["<module>", "wrapper", "attempt", "raise_held"], raised_in  # wrapper: Horovod's

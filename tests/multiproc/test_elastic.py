@@ -360,5 +360,5 @@ def test_sigterm_to_a_worker_checkpoints_every_rank_and_the_job_applied_again_re
     assert size_changes(job.commits) == [1, 2], size_changes(job.commits)
     check_continuous(job.commits, job.commits[-1].step)
     again = newest_checkpoint()          # the joined worker's state came from the sync: the commit, on every rank
-    assert again["step"] == job.commits[-1].step > extra["step"] + 10, (again, extra, job.commits[-3:])
+    assert again["step"] == job.commits[-1].step >= extra["step"] + 10, (again, extra, job.commits[-3:])
     assert "final test accuracy" not in job.output

@@ -1,12 +1,13 @@
 """Worker: an elastic job that loses a worker while rank 0's background save is in flight (issue 53).
 
 A commit every step. At step --save-at every rank calls save_checkpoint(blocking=False); rank 0's write first
-waits --slow-s (a slow file system), and rank 0 writes the file ``in_flight`` in --out once the call has returned,
-so that the test can kill the other worker (and make the checkpoint's directory read-only) while the write is
-under way. Each rank writes its pid to ``pid<rank>``. Each start of ``train`` (the job's, each reset's) prints
-"start size N step S written W" on rank 0, W saying whether the checkpoint's file exists. A CheckpointError ends
-the job with its line, after "raised in:" and the functions its traceback went through; otherwise the job trains
---steps steps, saves once more (blocking) and prints "done steps N".
+waits --slow-s (a slow file system), rank 0 writes the file ``in_flight`` in --out once the call has returned,
+and every rank then waits --hold-s, so that the test can kill the other worker (and make the checkpoint's
+directory read-only) while the write is under way. Each rank writes its pid to ``pid<rank>``. Each start of
+``train`` (the job's, each reset's) prints "start size N step S written W" on rank 0, W saying whether the
+checkpoint's file exists. A CheckpointError ends the job with its line, after "raised in:" and the functions
+its traceback went through; otherwise the job trains --steps steps, saves once more (blocking) and prints
+"done steps N".
 """
 
 import argparse
@@ -27,6 +28,7 @@ p.add_argument("--steps", type=int, default=60)
 p.add_argument("--save-at", type=int, default=10)
 p.add_argument("--slow-s", type=float, default=6.0)
 p.add_argument("--step-seconds", type=float, default=0.05)
+p.add_argument("--hold-s", type=float, default=3.0, help="every rank waits this long after the save's call")
 args = p.parse_args()
 
 
@@ -65,6 +67,7 @@ def train(state):
                 hk.save_checkpoint(args.ckpt, model, optimizer, blocking=False, step=state.step)
                 if hk.current().is_main:
                     open(os.path.join(args.out, "in_flight"), "w").close()
+                time.sleep(args.hold_s)          # the test's kill lands here, with the write under way
             if state.step >= args.steps:
                 break
         else:
