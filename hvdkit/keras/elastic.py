@@ -30,7 +30,7 @@ from hvdkit.keras.mode import keras_module
 from hvdkit.keras.optimizer import named_variables, set_learning_rate
 from hvdkit.keras.sharded import sharded_part
 from hvdkit.runtime.elastic import ElasticCommits, run
-from hvdkit.runtime.optimizer_record import OptimizerRecord, record_of
+from hvdkit.runtime.optimizer_record import global_batch_of
 
 
 class ElasticState(ElasticCommits, ObjectState):
@@ -52,7 +52,7 @@ class ElasticState(ElasticCommits, ObjectState):
             raise UserError("hk.elastic.ElasticState cannot take a sharded Keras optimizer yet (its slices are cut "
                             "for one world size, and fit's compiled step holds them): leave shard_optimizer_state "
                             "off in elastic Keras jobs (hvdkit.torch's elastic jobs take it)")
-        if optimizer is not None and (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+        if optimizer is not None and global_batch_of(optimizer) is not None:
             raise UserError("hk.elastic.ElasticState cannot take a Keras optimizer with a fixed global batch yet (each "
                             "rank's slots a step are cut for one world size, and fit's compiled step holds them): "
                             "train elastic Keras jobs with a per-rank batch (hvdkit.torch's elastic jobs take a "

@@ -43,7 +43,7 @@ from hvdkit.runtime.checkpoint_files import is_directory_target
 from hvdkit.runtime.datacheck import rows_fingerprint, same_everywhere
 from hvdkit.runtime.lr import warmup_lr
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
-from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, global_batch_of, record_of
 from hvdkit.runtime.preemption import PreemptionGuard
 
 log = logging.getLogger("hvdkit.keras")
@@ -309,7 +309,7 @@ def _learning_rate_warmup(keras) -> type:
                                  "epoch of this data; give callbacks(warmup_steps=...) instead, or "
                                  "fit(steps_per_epoch=...)")
             optimizer = self.model.optimizer
-            if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+            if global_batch_of(optimizer) is not None:
                 raise UserError("callbacks(warmup_epochs/warmup_steps) ramps up from rate / size, which changes with "
                                 "the number of ranks, and a fixed global batch keeps one rate at any size: for a "
                                 "warmup of your own give the optimizer a schedule (keras.optimizers.schedules."

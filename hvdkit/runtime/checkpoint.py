@@ -31,7 +31,7 @@ from hvdkit.runtime.lr import (
     resumed_global_batch_line,
     resumed_rate_line,
 )
-from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, op_of, record_of
+from hvdkit.runtime.optimizer_record import attach, global_batch_of, op_of, record_of
 
 log = logging.getLogger("hvdkit.checkpoint")
 
@@ -118,7 +118,7 @@ def load(path: str | os.PathLike, *, adapter: str, suffix: str, read: Callable[[
         changed = set_rates(body, factor)
         if factor != 1.0 and changed is not None and ctx.is_main:
             log.warning(resumed_rate_line(head.get("world_size"), ctx.size, *changed))
-        loader = (record_of(optimizer) or OptimizerRecord()).global_batch
+        loader = global_batch_of(optimizer)
         if loader is not None:
             loader.resumed(head.get("global_batch"))
         plan = None if loader is None else loader.plan

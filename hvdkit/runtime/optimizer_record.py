@@ -53,6 +53,12 @@ def attach(optimizer, **fields) -> OptimizerRecord:
     return record
 
 
+def global_batch_of(optimizer):
+    """The fixed global batch the optimizer was wrapped with (``DistributedOptimizer(global_batch=...)``), or None."""
+    record = record_of(optimizer)
+    return None if record is None else record.global_batch
+
+
 def op_of(optimizer) -> str:
     """The gradient op the optimizer was wrapped with; ``"average"`` for one hvdkit did not wrap."""
     record = record_of(optimizer)

@@ -20,7 +20,7 @@ from hvdkit.common.errors import UserError
 from hvdkit.runtime import async_save, context, state, topology
 from hvdkit.runtime.lr import job_reduce_options, scale_lr_for
 from hvdkit.runtime.lr import warmup_steps as count_warmup_steps
-from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, record_of
+from hvdkit.runtime.optimizer_record import OptimizerRecord, attach, global_batch_of, record_of
 from hvdkit.torch.averaging import AverageWhenBackwardReturns
 from hvdkit.torch.context import ADAPTER, current
 from hvdkit.torch.data import check_loader_sharded
@@ -291,7 +291,7 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int | None 
         decay = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
         # warmup.step() after every batch, decay.step() after every epoch
     """
-    if (record_of(optimizer) or OptimizerRecord()).global_batch is not None:
+    if global_batch_of(optimizer) is not None:
         raise UserError("warmup_scheduler ramps up from rate / size, which changes with the number of ranks, and a "
                         "fixed global batch keeps one rate at any size: for a warmup of your own use "
                         "torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=steps)")
