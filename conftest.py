@@ -15,6 +15,8 @@ from sybil.parsers.markdown import PythonCodeBlockParser
 
 from tests.docblocks.blocks import BashParser, DiffParser, NotRunParser, run_bash, run_diff, setup_page, teardown_page
 
+pytest_plugins = ("tests.cpu_seconds",)      # each test's CPU seconds in the JUnit XML, the docs' blocks' too
+
 _collect_blocks = Sybil(parsers=[DiffParser(), BashParser(), PythonCodeBlockParser(), NotRunParser()],
                        patterns=["README.md", "docs/*.md"], setup=setup_page, teardown=teardown_page).pytest()
 

@@ -4,7 +4,10 @@
     python3 scripts/test_durations.py build/junit-test.xml --slowest 40 --json
 
 A test's time is pytest's for the whole test (setup, call and teardown, so a
-fixture that starts test hosts counts where it runs). The tier is the test's
+fixture that starts test hosts counts where it runs). Its CPU seconds, where
+tests/conftest.py recorded them (the ``cpu_s`` property: this process and the
+jobs it ran), are what it costs: ``make test``'s two lanes share 2 cores, so a
+test's wall time there grows with whatever the other lane runs. The tier is the test's
 directory under tests/ (unit, adapters, cli, multiproc, multihost, container);
 the docs' code blocks (README.md, docs/) are the "docs" tier.
 
@@ -29,6 +32,7 @@ class TestTime:
     test: str          # path::name as pytest prints it
     seconds: float
     outcome: str       # passed, failed, error, skipped
+    cpu: float | None = None    # CPU seconds (the cpu_s property), None where not recorded
 
 
 def tier_of(classname: str) -> str:
@@ -54,8 +58,9 @@ def read(path: str) -> list[TestTime]:
         classname = case.get("classname", "")
         module = classname.replace(".", "/") + ".py" if classname.startswith("tests.") else classname
         name = re.sub(r"@(multiproc|others)$", "", case.get("name", ""))     # make test's lane (xdist_group)
+        cpu = next((float(p.get("value")) for p in case.iter("property") if p.get("name") == "cpu_s"), None)
         out.append(TestTime(tier_of(classname), f"{module}::{name}",
-                            float(case.get("time", 0) or 0), _outcome(case)))
+                            float(case.get("time", 0) or 0), _outcome(case), cpu))
     return out
 
 
@@ -66,20 +71,32 @@ def by_tier(times: list[TestTime]) -> dict[str, dict[str, float]]:
         mine = [t for t in times if t.tier == tier]
         if mine:
             out[tier] = {"tests": len(mine), "seconds": round(sum(t.seconds for t in mine), 1)}
+            if any(t.cpu is not None for t in mine):
+                out[tier]["cpu"] = round(sum(t.cpu or 0.0 for t in mine), 1)
     return out
+
+
+def _cpu(value: float | None) -> str:
+    return f"{value:8.1f}" if value is not None else f"{'-':>8s}"
 
 
 def render(times: list[TestTime], slowest: int) -> str:
     tiers = by_tier(times)
     total = sum(t.seconds for t in times)
-    lines = [f"{'tier':10s} {'tests':>6s} {'seconds':>9s} {'share':>6s}"]
+    cpu = sum(t.cpu for t in times if t.cpu is not None) if any(t.cpu is not None for t in times) else None
+    lines = [f"{'tier':10s} {'tests':>6s} {'seconds':>9s} {'share':>6s} {'cpu s':>8s}"]
     for tier, row in tiers.items():
         seconds = sum(t.seconds for t in times if t.tier == tier)
-        lines.append(f"{tier:10s} {int(row['tests']):6d} {seconds:9.1f} {seconds / max(total, 1e-9):6.1%}")
-    lines.append(f"{'all':10s} {len(times):6d} {total:9.1f}")
-    lines.append(f"\nslowest {min(slowest, len(times))}:")
-    for t in sorted(times, key=lambda t: -t.seconds)[:slowest]:
-        lines.append(f"{t.seconds:8.1f}s  {t.tier:9s} {t.test}{'' if t.outcome == 'passed' else f'  ({t.outcome})'}")
+        lines.append(f"{tier:10s} {int(row['tests']):6d} {seconds:9.1f} {seconds / max(total, 1e-9):6.1%} "
+                     f"{_cpu(row.get('cpu'))}")
+    lines.append(f"{'all':10s} {len(times):6d} {total:9.1f} {'':6s} {_cpu(cpu)}")
+    for title, key in (("slowest", lambda t: -t.seconds), ("most CPU", lambda t: -(t.cpu or 0.0))):
+        if title == "most CPU" and cpu is None:
+            continue
+        lines.append(f"\n{title} {min(slowest, len(times))} (seconds, cpu seconds):")
+        for t in sorted(times, key=key)[:slowest]:
+            lines.append(f"{t.seconds:8.1f}s {_cpu(t.cpu)}  {t.tier:9s} {t.test}"
+                         f"{'' if t.outcome == 'passed' else f'  ({t.outcome})'}")
     return "\n".join(lines)
 
 

@@ -49,3 +49,21 @@ def test_json_and_an_unreadable_file(tmp_path):
     missing = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_durations.py"), str(tmp_path / "no.xml")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--junitxml=" in missing.stderr
+
+
+def test_cpu_seconds_where_the_suite_recorded_them(tmp_path):
+    """tests/conftest.py records each test's CPU seconds as the JUnit property cpu_s; a wall time in make test's
+    two lanes grows with the other lane's load, the CPU seconds do not."""
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT.replace('name="test_grow" time="20.0">',
+                                  'name="test_grow" time="20.0"><properties><property name="cpu_s" value="55.5"/>'
+                                  '</properties>'))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "test_durations.py"), str(path), "--slowest", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["cpu", "s"] and lines[2].split() == ["multiproc", "2", "61.5", "85.1%", "55.5"]
+    assert lines[-2].startswith("most CPU 1") and lines[-1].split()[:2] == ["20.0s", "55.5"]
+    data = json.loads(subprocess.run([sys.executable, str(ROOT / "scripts" / "test_durations.py"), str(path),
+                                      "--json"], capture_output=True, text=True, timeout=60).stdout)
+    assert data["tiers"]["multiproc"]["cpu"] == 55.5 and "cpu" not in data["tiers"]["unit"]

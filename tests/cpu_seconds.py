@@ -1,0 +1,33 @@
+"""Each test's CPU seconds as the JUnit property ``cpu_s`` (scripts/test_durations.py prints them).
+
+``make test``'s two lanes share 2 cores, so a test's wall time there says as much about the other lane as
+about the test; its CPU seconds (this process, and every job it ran once reaped) say what it costs. A job
+pool's ranks are counted by the test that ends the pool. A plugin of the root conftest.py, so the docs'
+blocks are counted too.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it has reaped (the jobs a test ran, and their ranks)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_s", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.1f}"))
+    yield
