@@ -51,10 +51,12 @@ def alive(pid: int) -> bool:
 def wait_for(path: str, stop: str, parent: int, owner: int) -> bool:
     """True once ``path`` exists; False when the pool is told to stop, or its launcher or its pytest is gone
     (a pytest killed by a timeout runs no atexit handler, and horovodrun outlives its parent)."""
+    pause = 0.005
     while not os.path.exists(path):
         if os.path.exists(stop) or os.getppid() != parent or not alive(owner):
             return False
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.2)     # a scenario right after another starts at once; an idle pool costs little
     return True
 
 
