@@ -51,9 +51,11 @@ def test_ranks_that_ran_different_steps_end_with_the_ranks_named(tmp_path, contr
     results = read_rank_results(tmp_path, 2, proc.stdout)
     assert all(r["size"] == 2 and "Horovod has been shut down" in r["error"] for r in results), results
     line = proc.stdout.strip().splitlines()[-1]
+    # Rank 0 waits in its extra step's gradients: which of them are still pending when the stall check looks
+    # depends on the timing (the response cache, the cycle), so any of the model's layers (bn in most runs).
     assert re.search(r"hvdkit launch: job failed: the ranks deadlocked: every rank is waiting in a collective "
-                     r"that another rank never joined.* rank 0 waits in \[allreduce\.bn\..*\]; rank 1 waits in "
-                     r"\[allreduce\.accuracy\]; .*different number of batches", line), line
+                     r"that another rank never joined.* rank 0 waits in \[allreduce\.(conv|bn|fc)\.[^]]*\]; "
+                     r"rank 1 waits in \[allreduce\.accuracy\]; .*different number of batches", line), line
     # Found within a few stall checks (cached tensors need one more check), not after minutes.
     assert took < 60, f"the deadlock took {took:.0f}s to end"
 
