@@ -9,6 +9,10 @@ Example::
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+
 from hvdkit.keras.collectives import backend_for
 from hvdkit.keras.mode import keras_module, resolve_backend
 from hvdkit.runtime import context
@@ -31,16 +35,88 @@ def init(seed: int | None = None, threads: int | None = None) -> Context:
     and Keras with ``seed`` on every rank, so a ``np.random.permutation``
     before ``shard_arrays`` agrees across ranks and the shards are disjoint
     (:func:`seed_everything`; ``per_rank=True`` there for per-rank streams).
+    As ``keras.utils.set_random_seed``, it seeds TensorFlow too, for
+    ``tf.data``'s shuffles; on the torch backend when the script imports it,
+    so that a Keras-on-torch rank does not import TensorFlow to start.
     """
     mode = resolve_backend()
     ctx = context.init(backend_for(mode), mode, adapter=ADAPTER, seed=seed, threads=threads,
-                       seed_hook=lambda value: keras_module(mode).utils.set_random_seed(value))
+                       seed_hook=lambda value: _set_keras_seed(mode, value))
     if mode == "torch" and ctx.gpu is None:
         # Keras on torch puts variables on "cuda" whenever torch sees a GPU: HVDKIT_DEVICE=cpu must reach it.
         from keras.src.backend.common import global_state
 
         global_state.set_global_attribute("torch_device", "cpu")
     return ctx
+
+
+def _set_keras_seed(mode: str, seed: int) -> None:
+    """``keras.utils.set_random_seed(seed)``, without importing TensorFlow on the torch backend.
+
+    Keras seeds TensorFlow wherever it is installed, for the shuffles of ``tf.data`` pipelines, and so imported
+    it on every Keras-on-torch rank: 2.0 of a rank's 4.7 s of CPU to start and fit a small model here. On the
+    torch backend TensorFlow is seeded now if the script imported it, else when it is imported.
+    """
+    keras = keras_module(mode)
+    if mode != "torch" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+        return
+    from keras.src.utils import rng_utils
+
+    lazy = getattr(rng_utils, "tf", None)
+    if getattr(lazy, "_available", "missing") is not None:   # not Keras 3's unresolved LazyModule: as Keras does
+        keras.utils.set_random_seed(seed)
+        return
+    lazy._available = False            # Keras's own seeding, less TensorFlow's (it is not imported)
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = None
+    for finder in [f for f in sys.meta_path if isinstance(f, _SeedTensorFlowWhenImported)]:
+        sys.meta_path.remove(finder)                   # a later init's seed replaces an earlier one's
+    if importlib.util.find_spec("tensorflow") is not None:
+        sys.meta_path.insert(0, _SeedTensorFlowWhenImported(seed))
+
+
+class _SeedTensorFlowWhenImported(importlib.abc.MetaPathFinder):
+    """Seeds TensorFlow's global generator once the module ``tensorflow`` has been imported.
+
+    A lookup alone (``importlib.util.find_spec``, as torch's compiler does for its trace rules) seeds nothing
+    and keeps the finder; the import that executes the module seeds it and removes the finder.
+    """
+
+    def __init__(self, seed: int):
+        self.seed, self._looking = seed, False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" or self._looking:
+            return None
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._looking = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _SeedingLoader(spec.loader, self)
+        return spec
+
+
+class _SeedingLoader(importlib.abc.Loader):
+    def __init__(self, loader, finder: _SeedTensorFlowWhenImported):
+        self._loader, self._finder = loader, finder
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        if self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        module.random.set_seed(self._finder.seed)
+
+    def __getattr__(self, name):          # get_resource_reader and the rest: the real loader's
+        return getattr(self._loader, name)
 
 
 def current() -> Context:

@@ -136,3 +136,41 @@ def test_tf_keras_refuses_sharded_optimizer_state_instead_of_ignoring_it(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("error: shard_optimizer_state needs Keras 3") and "unset TF_USE_LEGACY_KERAS" in last, last
+
+
+def test_keras_on_torch_seeds_tensorflow_when_imported_not_at_init(tmp_path):
+    """keras.utils.set_random_seed imports TensorFlow wherever it is installed, to seed tf.data's shuffles; hk.init
+    called it, so every Keras-on-torch rank imported TensorFlow (2.0 of 4.7 s of CPU to start and fit a small
+    model). TensorFlow is now seeded when the script imports it, after a lookup that does not import it (torch's
+    compiler looks it up)."""
+    env = dict(os.environ, KERAS_BACKEND="torch", KERAS_HOME=str(tmp_path), PYTHONPATH=str(ROOT),
+               TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    code = ("import importlib.util, random, sys\n"
+            "import numpy as np\n"
+            "import hvdkit.keras as hk\n"
+            "keras = hk.use_backend('torch')\n"
+            "hk.init(seed=7)\n"
+            "print('after init', 'tensorflow' in sys.modules)\n"
+            "mine = (random.random(), float(np.random.rand()), float(keras.random.uniform((1,), seed=None)[0]))\n"
+            "random.seed(7); np.random.seed(7); keras.utils.set_random_seed(7)\n"   # Keras's own, which imports TF
+            "theirs = (random.random(), float(np.random.rand()), float(keras.random.uniform((1,), seed=None)[0]))\n"
+            "print('same draws', mine == theirs)\n")
+    # A fresh process for the import: draws from TensorFlow seeded by hk.init against tf.random.set_seed(7)'s.
+    code_tf = ("import importlib.util, sys\n"
+               "import hvdkit.keras as hk\n"
+               "keras = hk.use_backend('torch')\n"
+               "hk.init(seed=7)\n"
+               "importlib.util.find_spec('tensorflow')\n"
+               "print('after a lookup', 'tensorflow' in sys.modules)\n"
+               "import tensorflow as tf\n"
+               "seeded = tf.random.uniform([3]).numpy().tolist()\n"
+               "tf.random.set_seed(7)\n"
+               "print('seeded at import', seeded == tf.random.uniform([3]).numpy().tolist())\n")
+    lines = []
+    for source in (code, code_tf):
+        proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300, env=env,
+                              cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines += [line for line in proc.stdout.splitlines() if line]
+    assert lines == ["after init False", "same draws True", "after a lookup False", "seeded at import True"], lines
