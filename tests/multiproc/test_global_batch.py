@@ -22,6 +22,7 @@ from tests.conftest import (
     job_env,
     process_by_args,
     read_rank_results,
+    run_horovodrun,
     run_job,
     signal_job,
 )
@@ -38,8 +39,10 @@ STEPS = 15
 def job(np: int, out: Path, ckpt: Path, *extra: str, controller: str, expect: int = 0) -> str:
     out.mkdir()
     argv = [WORKER, "--out", str(out), "--ckpt", str(ckpt), "--steps", str(STEPS), "--shard", *extra]
-    cmd = horovodrun_cmd(np, argv, controller) if np > 1 else [sys.executable, *argv]
-    proc = run_job(cmd, timeout=240)
+    if np > 1 and controller == "gloo" and expect == 0:     # a whole run: a scenario of the 4-rank torch pool
+        proc = run_horovodrun(np, argv, controller, timeout=240, pool="torch")
+    else:                                                   # a preemption, a resume: processes of its own
+        proc = run_job(horovodrun_cmd(np, argv, controller) if np > 1 else [sys.executable, *argv], timeout=240)
     assert proc.returncode == expect, f"{np} ranks exited {proc.returncode}, not {expect}:\n{proc.stdout[-3000:]}"
     assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]      # no warning from a correct script
     return proc.stdout
@@ -124,9 +127,10 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "3", "--global-batch", "64",
                "--batch-size", "16", "--lr", "0.01", "--json"]
 
-    def run(np: int, ckpts: Path, *extra: str, env: dict | None = None) -> dict:
-        proc = run_job(horovodrun_cmd(np, [*example, "--checkpoint-dir", str(ckpts), *extra], "gloo"), timeout=300,
-                       env=env)
+    def run(np: int, ckpts: Path, *extra: str, env: dict | None = None, pool: bool = False) -> dict:
+        argv = [*example, "--checkpoint-dir", str(ckpts), *extra]
+        proc = (run_horovodrun(np, argv, "gloo", timeout=300, pool="torch") if pool else
+                run_job(horovodrun_cmd(np, argv, "gloo"), timeout=300, env=env))
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]
         return example_result(proc.stdout)
@@ -136,7 +140,7 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
                               text=True).stdout.split()
         return max(int(p) for p in pids)
 
-    reference = run(4, tmp_path / "reference")
+    reference = run(4, tmp_path / "reference", pool=True)
     unfused_result = run(4, tmp_path / "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
     # An epoch takes a second: SIGTERM once an epoch has ended lands in the next (2 ranks: the second epoch; 3

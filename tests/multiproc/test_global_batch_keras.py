@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, job_env, read_rank_results, run_job, signal_job
+from tests.conftest import (
+    ROOT,
+    WORKERS,
+    horovodrun_cmd,
+    job_env,
+    read_rank_results,
+    run_horovodrun,
+    run_job,
+    signal_job,
+)
 from tests.multiproc.test_preemption import example_result
 
 pytestmark = pytest.mark.multiproc
@@ -29,8 +38,10 @@ PER_RANK = ("moving_mean", "moving_variance", "seed_generator_state")
 def job(np: int, out: Path, ckpt: Path, *extra: str, mode: str, controller: str, expect: int = 0) -> str:
     out.mkdir()
     argv = [WORKER, "--out", str(out), "--ckpt", str(ckpt), "--steps", str(STEPS), "--mode", mode, *extra]
-    cmd = horovodrun_cmd(np, argv, controller) if np > 1 else [sys.executable, *argv]
-    proc = run_job(cmd, timeout=240)
+    if np > 1 and controller == "gloo" and expect == 0:     # a whole run: a scenario of the 4-rank Keras pool
+        proc = run_horovodrun(np, argv, controller, timeout=240, pool=f"keras-{mode}")
+    else:                                                   # a preemption, a resume: processes of its own
+        proc = run_job(horovodrun_cmd(np, argv, controller) if np > 1 else [sys.executable, *argv], timeout=240)
     assert proc.returncode == expect, f"{np} ranks exited {proc.returncode}, not {expect}:\n{proc.stdout[-3000:]}"
     assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]      # no warning from a correct script
     return proc.stdout
@@ -99,9 +110,10 @@ def test_the_keras_example_in_float32_interrupted_twice_ends_as_close_as_another
     example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "3", "--global-batch", "64",
                "--batch-size", "16", "--json"]
 
-    def run(ranks: int, name: str, *extra: str, env: dict | None = None) -> dict:
-        proc = run_job(horovodrun_cmd(ranks, [*example, "--checkpoint", str(tmp_path / f"{name}.npz"), *extra], "gloo"),
-                       timeout=300, env=env)
+    def run(ranks: int, name: str, *extra: str, env: dict | None = None, pool: bool = False) -> dict:
+        argv = [*example, "--checkpoint", str(tmp_path / f"{name}.npz"), *extra]
+        proc = (run_horovodrun(ranks, argv, "gloo", timeout=300, pool="keras-tensorflow") if pool else
+                run_job(horovodrun_cmd(ranks, argv, "gloo"), timeout=300, env=env))
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]
         return example_result(proc.stdout)
@@ -111,7 +123,7 @@ def test_the_keras_example_in_float32_interrupted_twice_ends_as_close_as_another
                               text=True).stdout.split()
         return max(int(p) for p in pids)
 
-    reference = run(4, "reference")
+    reference = run(4, "reference", pool=True)
     unfused_result = run(4, "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
     # An epoch takes about a second: on 2 ranks SIGTERM once the second epoch has begun; on 3, resumed, once fit

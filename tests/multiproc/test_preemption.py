@@ -20,6 +20,7 @@ from tests.conftest import (
     process_by_args,
     progress_at_least,
     read_rank_results,
+    run_horovodrun,
     run_job,
     signal_job,
 )
@@ -28,9 +29,11 @@ pytestmark = pytest.mark.multiproc
 WORKER = str(WORKERS / "torch_preempt.py")
 
 
-def run(out: Path, *extra: str, controller: str = "gloo") -> list[dict]:
+def run(out: Path, *extra: str, controller: str = "gloo", pool: bool = False) -> list[dict]:
+    """A whole 2-rank run of the worker; ``pool``: under Gloo, a scenario of the torch pool (not a resume)."""
     out.mkdir()
-    proc = run_job(horovodrun_cmd(2, [WORKER, "--out", str(out), *extra], controller), timeout=240)
+    proc = run_horovodrun(2, [WORKER, "--out", str(out), *extra], controller, timeout=240,
+                          pool="torch" if pool else None)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return read_rank_results(out, 2, proc.stdout)
 
@@ -53,7 +56,8 @@ def example_result(output: str) -> dict:
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_sigterm_on_one_rank_checkpoints_every_rank_and_resumes_exactly(tmp_path, controller):
-    reference = run(tmp_path / "uninterrupted", "--ckpt", str(tmp_path / "unused.pt"), controller=controller)
+    reference = run(tmp_path / "uninterrupted", "--ckpt", str(tmp_path / "unused.pt"), controller=controller,
+                    pool=True)
     assert reference[0]["size"] == 2 and reference[0]["params"] == reference[1]["params"]
 
     ckpt, out = tmp_path / "ckpt.pt", tmp_path / "preempted"
@@ -327,8 +331,8 @@ def test_model_fit_on_distributed_batches_refuses_what_would_lose_the_position(t
     count named other samples: a resume saw 140 of 300 trained samples again and skipped 140. A mid-epoch
     start in a fit of several epochs would cut every epoch to the first one's length."""
     worker = str(WORKERS / "keras_resize.py")
-    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(tmp_path), "--mode", "tensorflow", "--ckpt", "unused",
-                                      "--phase", "misuse"]), timeout=180)
+    proc = run_horovodrun(2, [worker, "--out", str(tmp_path), "--mode", "tensorflow", "--ckpt", "unused",
+                              "--phase", "misuse"], timeout=180, pool="keras-tensorflow")
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in read_rank_results(tmp_path, 2, proc.stdout):
         shuffled, several = r["errors"]
