@@ -5,8 +5,8 @@
 
 A test's time is pytest's for the whole test (setup, call and teardown, so a
 fixture that starts test hosts counts where it runs). Its CPU seconds, where
-tests/conftest.py recorded them (the ``cpu_s`` property: this process and the
-jobs it ran), are what it costs: ``make test``'s two lanes share 2 cores, so a
+tests/cpu_seconds.py recorded them (the ``cpu_s`` property: this process, the
+jobs it ran and its job-pool scenarios), are what it costs: ``make test``'s two lanes share 2 cores, so a
 test's wall time there grows with whatever the other lane runs. The tier is the test's
 directory under tests/ (unit, adapters, cli, multiproc, multihost, container);
 the docs' code blocks (README.md, docs/) are the "docs" tier.

@@ -29,6 +29,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from tests import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
 # Pools alive at once: each TensorFlow rank holds about 0.5 GB; CI has 24 GiB and 2 cores.
@@ -54,6 +56,7 @@ class Pool:
                                      start_new_session=True)
         self.next = 0
         self.scenarios = 0
+        self.charged = 0.0          # the scenarios' CPU seconds, counted for the tests that ran them
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -76,8 +79,11 @@ class Pool:
                 raise ScenarioTimeout(output)
             time.sleep(0.02)
         self.scenarios += 1
-        rc = max(json.loads(d.read_text())["rc"] for d in done)
-        return rc, self._output(n)
+        reports = [json.loads(d.read_text()) for d in done]
+        cpu = sum(r.get("cpu", 0.0) for r in reports)
+        self.charged += cpu
+        cpu_seconds.charge(cpu)
+        return max(r["rc"] for r in reports), self._output(n)
 
     def _output(self, n: int) -> str:
         """Every rank's stdout, then its stderr, each line tagged as horovodrun --gloo tags it ([1]<stderr>:...)."""
@@ -94,6 +100,13 @@ class Pool:
         return "\npool launcher output:\n" + (self.dir / "launcher.log").read_text(errors="replace")[-3000:]
 
     def close(self, kill: bool = False) -> None:
+        reaped = cpu_seconds.children_cpu()
+        self._close(kill)
+        # Reaping the ranks counts all their CPU again for the test closing the pool: take back what its
+        # scenarios already counted (not more than was reaped: ranks killed with the group go to init).
+        cpu_seconds.charge(-min(self.charged, cpu_seconds.children_cpu() - reaped))
+
+    def _close(self, kill: bool) -> None:
         if self.alive():
             if not kill:
                 (self.dir / "stop").touch()

@@ -116,6 +116,8 @@ class _SeedingLoader(importlib.abc.Loader):
         module.random.set_seed(self._finder.seed)
 
     def __getattr__(self, name):          # get_resource_reader and the rest: the real loader's
+        if name.startswith("__") or name in ("_loader", "_finder"):   # a copy made without __init__
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 

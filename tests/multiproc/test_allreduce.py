@@ -9,7 +9,9 @@ pytestmark = pytest.mark.multiproc
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 @pytest.mark.parametrize("controller", ["gloo", "mpi", "mpirun"])
-def test_two_process_collectives(launch, framework, controller):
+def test_two_process_collectives(launch, monkeypatch, framework, controller):
+    if controller == "mpi":       # plain horovodrun --mpi as users run it: Open MPI spinning while it waits
+        monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)      # (tests/conftest.py sets it)
     results = launch(2, "allreduce.py", "--framework", framework, controller=controller)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["size"] == 2 and r["local_size"] == 2 for r in results)

@@ -39,7 +39,8 @@ STEPS = 15
 def job(np: int, out: Path, ckpt: Path, *extra: str, controller: str, expect: int = 0) -> str:
     out.mkdir()
     argv = [WORKER, "--out", str(out), "--ckpt", str(ckpt), "--steps", str(STEPS), "--shard", *extra]
-    if np > 1 and controller == "gloo" and expect == 0:     # a whole run: a scenario of the 4-rank torch pool
+    # A whole run: a scenario of the 4-rank torch pool.
+    if np > 1 and controller == "gloo" and expect == 0 and "--resume" not in extra:
         proc = run_horovodrun(np, argv, controller, timeout=240, pool="torch")
     else:                                                   # a preemption, a resume: processes of its own
         proc = run_job(horovodrun_cmd(np, argv, controller) if np > 1 else [sys.executable, *argv], timeout=240)

@@ -52,7 +52,7 @@ def test_json_and_an_unreadable_file(tmp_path):
 
 
 def test_cpu_seconds_where_the_suite_recorded_them(tmp_path):
-    """tests/conftest.py records each test's CPU seconds as the JUnit property cpu_s; a wall time in make test's
+    """tests/cpu_seconds.py records each test's CPU seconds as the JUnit property cpu_s; a wall time in make test's
     two lanes grows with the other lane's load, the CPU seconds do not."""
     path = tmp_path / "junit.xml"
     path.write_text(JUNIT.replace('name="test_grow" time="20.0">',

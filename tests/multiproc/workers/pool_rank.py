@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import runpy
 import shutil
 import signal
@@ -68,6 +69,7 @@ class Snapshot:
         self.cwd = os.getcwd()
         self.argv = list(sys.argv)
         self.path = list(sys.path)
+        self.meta_path = list(sys.meta_path)     # hvdkit.keras adds a finder that seeds TensorFlow when imported
         self.modules = set(sys.modules)
         self.handlers = {s: signal.getsignal(s) for s in CATCHABLE}
         self.filters = list(warnings.filters)
@@ -84,6 +86,7 @@ class Snapshot:
         os.chdir(self.cwd)
         sys.argv[:] = self.argv
         sys.path[:] = self.path
+        sys.meta_path[:] = self.meta_path
         for name in set(sys.modules) - self.modules:
             module = sys.modules[name]
             if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or "/")) == HERE:
@@ -106,6 +109,12 @@ class Snapshot:
             lg.setLevel(level)
             lg.handlers[:] = handlers
             lg.propagate, lg.disabled = propagate, disabled
+
+
+def cpu_seconds() -> float:
+    """This rank's CPU seconds, all its threads: what a scenario cost, for the test that ran it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def shutdown_horovod() -> None:
@@ -181,7 +190,7 @@ def main() -> None:
         with open(os.path.join(directory, f"job-{n}.json")) as f:
             job = json.load(f)
         snapshot = Snapshot()
-        started = time.monotonic()
+        started, cpu = time.monotonic(), cpu_seconds()
         rc = run(job, os.path.join(directory, f"out-{n}.{rank}"))
         try:
             snapshot.restore()
@@ -191,7 +200,7 @@ def main() -> None:
             rc = rc or 1
         done = os.path.join(directory, f"done-{n}.{rank}.json")
         with open(done + ".tmp", "w") as f:
-            json.dump({"rc": rc, "seconds": time.monotonic() - started}, f)
+            json.dump({"rc": rc, "seconds": time.monotonic() - started, "cpu": cpu_seconds() - cpu}, f)
         os.replace(done + ".tmp", done)
         if rc != 0:
             return
