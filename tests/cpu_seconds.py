@@ -24,16 +24,19 @@ def charge(seconds: float) -> None:
     _charged += seconds
 
 
+def _used(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _cpu_seconds() -> float:
     """CPU seconds of this process and of every child it has reaped (the jobs a test ran, and their ranks)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return _used(resource.RUSAGE_SELF) + children_cpu()
 
 
 def children_cpu() -> float:
     """CPU seconds of the children this process has reaped, with theirs."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return _used(resource.RUSAGE_CHILDREN)
 
 
 @pytest.hookimpl(tryfirst=True)
