@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hvdkit.common.errors import UserError
 from hvdkit.common.launcher import SLURM
 from hvdkit.ops import slurm
 from hvdkit.ops.hosts import MAX_SLOTS_PER_HOST, Host, HostSpec, parse_hostfile, parse_hosts_string, to_hosts_string
-from hvdkit.ops.launch import LaunchTarget
+
+if TYPE_CHECKING:      # imported where a target is made: `hvdkit hosts` (a discovery script's every second) needs none
+    from hvdkit.ops.launch import LaunchTarget
 
 
 def add_host_arguments(parser: argparse.ArgumentParser, discovery: bool = False) -> None:
@@ -108,5 +111,7 @@ def resolve_hosts(args: argparse.Namespace, np: int | None,
 
 def target_from_args(args: argparse.Namespace, np: int, hosts: HostSpec | None) -> LaunchTarget:
     """``np`` processes on ``hosts``, reached with the ssh and network options on the command line."""
+    from hvdkit.ops.launch import LaunchTarget
+
     return LaunchTarget(np=np, hosts=hosts, ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                         network_interface=args.network_interface)
