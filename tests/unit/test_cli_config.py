@@ -64,7 +64,6 @@ def test_a_command_imports_its_own_module_only():
         assert f"'{heavy}" not in loaded, loaded
 
 
-
 def test_launch_arguments_become_one_launch_config():
     cfg = config("launch", "-np", "3", "-H", "a:2,b:2", "-p", "12345", "-i", "/k", "--network-interface", "eth0",
                  "--max-np", "4", "--elastic-timeout", "60", "--dry-run", "--", "python", EXAMPLE)
