@@ -49,3 +49,33 @@ def test_a_second_launch_imports_no_framework_outside_the_ranks(tmp_path, how, c
         seen.append([json.loads(line) for line in log.read_text().splitlines()] if log.exists() else [])
     assert seen[0], "the first launch must ask an extension (the record would be stale otherwise)"
     assert seen[1] == [], f"the second launch imported a framework again: {seen[1]}"
+
+
+# Loaded by every process of a job (PYTHONPATH): one that imports the launcher writes its pid.
+RECORD_LAUNCHER_IMPORTS = '''import json, os, sys
+
+
+class _Record:
+    def find_spec(self, name, path=None, target=None):
+        if name == "horovod.runner.launch":
+            with open(os.environ["IMPORTS_LOG"], "a") as f:
+                f.write(json.dumps([os.getpid(), sys.argv[:3]]) + "\\n")
+        return None
+
+
+sys.meta_path.insert(0, _Record())
+'''
+
+
+def test_no_middleman_of_a_gloo_job_imports_the_launcher(tmp_path):
+    """horovodrun --gloo starts each rank through a middleman (a multiprocessing spawn child, which runs the
+    horovodrun script again); the script imported the whole launcher, 0.1-0.2 s of CPU per rank and per elastic
+    discovery call (patch item 22)."""
+    (tmp_path / "sitecustomize.py").write_text(RECORD_LAUNCHER_IMPORTS)
+    log = tmp_path / "imports.log"
+    env = job_env(IMPORTS_LOG=str(log))
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    proc = run_job(horovodrun_cmd(3, ["-c", "print('rank ran', flush=True)"], "gloo"), 120, env=env)
+    assert proc.returncode == 0 and proc.stdout.count(">:rank ran") == 3, proc.stdout[-3000:]
+    seen = [json.loads(line)[0] for line in log.read_text().splitlines()]
+    assert len(seen) == 1, f"{len(seen)} processes imported horovod.runner.launch, not horovodrun alone: {seen}"
