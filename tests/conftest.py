@@ -224,18 +224,19 @@ def run_horovodrun(np: int, argv: list[str], controller: str = "gloo", timeout: 
                    pool: str | None = None) -> subprocess.CompletedProcess:
     """``horovodrun -np N --gloo|--mpi python ARGV`` with job_env(); stdout and stderr together, as run_job.
 
-    ``pool`` names the framework family ("torch", "keras-tensorflow", "keras-torch", tests/job_pool.py): under
-    Gloo the script then runs as a scenario of that family's long-lived job of N ranks, its output each
-    rank's lines tagged ``[R]<stdout>:`` or ``[R]<stderr>:`` as horovodrun tags them. A job that needs
-    processes of its own (a resume, a signal) leaves it None.
+    ``pool`` names the framework family ("torch", "keras-tensorflow", "keras-torch", tests/job_pool.py): the
+    script then runs as a scenario of that family's long-lived job of N ranks under this controller, its
+    output each rank's lines tagged as horovodrun tags them (``[R]<stdout>:`` under Gloo, ``[1,R]<stderr>:``
+    under MPI). A job that needs processes of its own (a resume, a signal) leaves it None.
     """
     cmd = horovodrun_cmd(np, argv, controller)
-    if pool is None or controller != "gloo":
+    if pool is None:
         return run_job(cmd, timeout)
     from tests.job_pool import POOLS, PoolGone, ScenarioTimeout
 
     try:
-        rc, output = POOLS.run((np, pool), np, cmd[:cmd.index(sys.executable)], job_env(), argv[0], argv[1:], timeout)
+        rc, output = POOLS.run((np, pool, controller), np, cmd[:cmd.index(sys.executable)], job_env(), argv[0],
+                               argv[1:], timeout)
     except ScenarioTimeout as exc:
         pytest.fail(f"job timed out after {timeout}s in its pool: {' '.join(cmd)}\n{str(exc)[-4000:]}")
     except PoolGone as exc:
@@ -258,7 +259,7 @@ def read_rank_results(out_dir: Path, np: int, output: str) -> list[dict]:
 def launch(tmp_path):
     """launch(np, worker, *args, controller=..., timeout=..., pool=...) -> per-rank result dicts.
 
-    ``controller`` is "gloo" or "mpi" (horovodrun) or "mpirun" (plain mpirun). Under Gloo a torch_* or
+    ``controller`` is "gloo" or "mpi" (horovodrun) or "mpirun" (plain mpirun). Under horovodrun a torch_* or
     keras_* worker runs in a pool (tests/job_pool.py): a long-lived job of N ranks that runs one scenario
     after another. ``pool=False`` gives the worker processes of its own (a resume that must start cold).
     """

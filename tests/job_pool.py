@@ -2,14 +2,13 @@
 
 On CI's 2 cores a 2-rank job spends 5-13 s starting processes and importing
 torch or TensorFlow before a check that takes under a second. A pool is one
-real ``horovodrun -np N --gloo`` job per (ranks, framework family) that runs
+real ``horovodrun -np N --gloo|--mpi`` job per (ranks, framework family, controller) that runs
 the worker scripts one after another, each in a Horovod initialised afresh,
 with each scenario's output captured apart and the process put back after it.
 
 What needs processes of its own keeps them (``launch(..., pool=False)`` or a
 run_job of its own): kills and signals, resume in new processes, GPU pinning,
-per-process environment variables, MPI (Open MPI cannot initialise twice in
-a process, and an idle MPI rank spins a core).
+per-process environment variables, checks of a process's own start.
 
 A scenario that exits non-zero, or outlives its timeout, ends its pool; the
 next scenario of that family starts a new one, so a crash fails one test only.
@@ -48,6 +47,7 @@ class PoolGone(Exception):
 class Pool:
     def __init__(self, np: int, cmd: list[str], env: dict[str, str]):
         self.np = np
+        self.jobid = "1," if "--mpi" in cmd else ""      # mpirun tags a line [1,R]<stdout>:, horovodrun --gloo [R]
         self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{np}-"))
         self.log = open(self.dir / "launcher.log", "w")  # noqa: SIM115 -- open as long as the pool
         self.proc = subprocess.Popen([*cmd, sys.executable, str(RANK_SCRIPT), "--dir", str(self.dir),
@@ -86,13 +86,13 @@ class Pool:
         return max(r["rc"] for r in reports), self._output(n)
 
     def _output(self, n: int) -> str:
-        """Every rank's stdout, then its stderr, each line tagged as horovodrun --gloo tags it ([1]<stderr>:...)."""
+        """Every rank's stdout, then its stderr, each line tagged as its controller tags it ([1]<stderr>:...)."""
         parts = []
         for r in range(self.np):
             for stream, suffix in (("stdout", ""), ("stderr", ".err")):
                 path = self.dir / f"out-{n}.{r}{suffix}"
                 text = path.read_text(errors="replace") if path.exists() else ""
-                parts.append("".join(f"[{r}]<{stream}>:{line}\n" for line in text.splitlines()))
+                parts.append("".join(f"[{self.jobid}{r}]<{stream}>:{line}\n" for line in text.splitlines()))
         return "".join(parts)
 
     def _launcher_tail(self) -> str:

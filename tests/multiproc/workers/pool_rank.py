@@ -7,8 +7,11 @@ a script (``runpy``, ``__name__ == "__main__"``), then put the process back
 as they found it, so the next scenario starts as a fresh one would:
 
 - Horovod is shut down after each scenario and the next one's ``hk.init``
-  initialises it again (a new Gloo rendezvous), so no idle Horovod thread
-  spins between scenarios;
+  initialises it again (a new Gloo rendezvous, or new MPI communicators), so
+  no idle Horovod thread spins between scenarios. Under MPI the rank
+  initialises MPI itself (mpi4py) before the first scenario: Horovod then
+  leaves MPI initialised at its shutdown, where it would finalise an MPI it
+  had initialised, and Open MPI cannot initialise twice in one process;
 - the environment, working directory, ``sys.argv``, signal handlers, warning
   filters and registries, and logging are restored; the workers' helper
   modules are imported afresh;
@@ -183,7 +186,9 @@ def main() -> None:
     p.add_argument("--owner", type=int, required=True, help="the pytest process; the pool ends with it")
     args = p.parse_args()
     directory, owner = args.dir, args.owner
-    rank = os.environ["HOROVOD_RANK"]
+    rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]     # horovodrun --gloo or --mpi
+    if "HOROVOD_RANK" not in os.environ:
+        from mpi4py import MPI  # noqa: F401 -- initialises MPI for every scenario's Horovod (thread level multiple)
     stop, parent = os.path.join(directory, "stop"), os.getppid()
     n = 0
     while wait_for(os.path.join(directory, f"job-{n}.json"), stop, parent, owner):
