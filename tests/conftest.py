@@ -272,7 +272,8 @@ def launch(tmp_path):
             cmd = mpirun_cmd(np, argv)
             proc = run_job(cmd, timeout)
         else:
-            proc = run_horovodrun(np, argv, controller, timeout, pool=family(worker, list(args)) if pool else None)
+            proc = run_horovodrun(np, argv, controller, timeout,
+                                  pool=family(worker, list(args), controller) if pool else None)
             cmd = proc.args
         rc, output = proc.returncode, proc.stdout
         if expect_ok and rc != 0:

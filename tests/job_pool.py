@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
 # Pools alive at once: each TensorFlow rank holds about 0.5 GB; CI has 24 GiB and 2 cores.
 MAX_POOLS = 4
+# How long the other ranks of a scenario have to end once one rank has failed it.
+FAILED_RANK_GRACE = 30.0
 
 
 class ScenarioTimeout(Exception):
@@ -51,7 +53,7 @@ class Pool:
         self.dir = Path(tempfile.mkdtemp(prefix=f"hvdkit-pool-{np}-"))
         self.log = open(self.dir / "launcher.log", "w")  # noqa: SIM115 -- open as long as the pool
         self.proc = subprocess.Popen([*cmd, sys.executable, str(RANK_SCRIPT), "--dir", str(self.dir),
-                                      "--owner", str(os.getpid())],
+                                      "--owner", str(os.getpid())], stdin=subprocess.DEVNULL,
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                      start_new_session=True)
         self.next = 0
@@ -73,10 +75,18 @@ class Pool:
         while not all(d.exists() for d in done):
             if not self.alive() and not all(d.exists() for d in done):
                 raise PoolGone(self._output(n) + self._launcher_tail())
+            failed = [json.loads(d.read_text())["rc"] for d in done if d.exists()]
+            failed = [rc for rc in failed if rc != 0]
             if time.monotonic() > deadline:
                 output = self._output(n)
                 self.close(kill=True)
+                if failed:                 # what a fresh job would have said: the failed rank's exit code
+                    return max(failed), output
                 raise ScenarioTimeout(output)
+            if failed and deadline - time.monotonic() > FAILED_RANK_GRACE:
+                # A rank failed, perhaps before hvd.init, where its peers wait for it: under MPI with no timeout
+                # (a fresh job ends as mpirun sees the exit). Its peers get a while to fail too, then the pool goes.
+                deadline = time.monotonic() + FAILED_RANK_GRACE
             time.sleep(0.02)
         self.scenarios += 1
         reports = [json.loads(d.read_text()) for d in done]
@@ -162,16 +172,20 @@ POOLS = Pools()
 
 # Workers that need processes of their own: gpu_pinning.py fakes each rank's GPUs and CUDA_VISIBLE_DEVICES.
 OWN_PROCESSES = {"gpu_pinning.py"}
+# Workers that call plain hvd.init(), not hk.init: under MPI on one host hk.init fixes Horovod's fusion threshold
+# and cycle time (hvdkit/common/tuning.py), which hold for the rest of the process (patch item 20), so in an MPI
+# pool these would run with an earlier scenario's values instead of Horovod's defaults.
+PLAIN_HOROVOD = {"allreduce.py", "bf16.py"}
 
 
-def family(worker: str, argv: list[str]) -> str | None:
+def family(worker: str, argv: list[str], controller: str = "gloo") -> str | None:
     """The framework a worker imports, which decides the pool it may join; None where it needs its own processes.
 
     torch_*.py import torch only; keras_*.py choose their Keras with --mode before importing it (Keras reads
     its backend once per process); --framework tensorflow workers import TensorFlow without Keras, so they
     share Keras-on-TensorFlow's pool.
     """
-    if worker in OWN_PROCESSES:
+    if worker in OWN_PROCESSES or (controller == "mpi" and worker in PLAIN_HOROVOD):
         return None
     if worker.startswith("torch_"):
         return "torch"

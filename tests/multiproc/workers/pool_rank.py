@@ -2,7 +2,7 @@
 
 A test worker costs seconds of process start and framework import for
 checks that take well under a second. A pool is one ``horovodrun --gloo``
-job whose ranks wait for scenarios in ``--dir`` and run each as Python runs
+(or ``--mpi``) job whose ranks wait for scenarios in ``--dir`` and run each as Python runs
 a script (``runpy``, ``__name__ == "__main__"``), then put the process back
 as they found it, so the next scenario starts as a fresh one would:
 
@@ -95,7 +95,9 @@ class Snapshot:
             if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or "/")) == HERE:
                 del sys.modules[name]      # the workers' helpers (torch_common, keras_common): imported afresh
         for sig, handler in self.handlers.items():
-            if handler is not None:
+            # Only what the scenario changed: Python reports SIG_DFL for handlers installed in C (Open MPI's for
+            # SIGSEGV and SIGBUS, which print a crashed rank's backtrace), and setting it again would remove them.
+            if handler is not None and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
         warnings.filters[:] = self.filters
         warnings._filters_mutated()  # noqa: SLF001 -- forgets every "once"/"default" warning already shown
@@ -188,7 +190,15 @@ def main() -> None:
     directory, owner = args.dir, args.owner
     rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]     # horovodrun --gloo or --mpi
     if "HOROVOD_RANK" not in os.environ:
-        from mpi4py import MPI  # noqa: F401 -- initialises MPI for every scenario's Horovod (thread level multiple)
+        # MPI initialised as Horovod initialises it: every thread may call it, and an error aborts as in a job of
+        # its own (mpi4py's default makes errors return, which Horovod's communicators would inherit).
+        import mpi4py
+
+        mpi4py.rc.thread_level, mpi4py.rc.errors = "multiple", "default"
+        from mpi4py import MPI
+
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            sys.exit("pool_rank: this MPI gives no MPI_THREAD_MULTIPLE, which Horovod asks for")
     stop, parent = os.path.join(directory, "stop"), os.getppid()
     n = 0
     while wait_for(os.path.join(directory, f"job-{n}.json"), stop, parent, owner):
