@@ -23,6 +23,9 @@ os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# For a module whose tests each run several jobs, each bounded by a timeout of its own: pytest-timeout's 300 s
+# for the whole test (pyproject.toml) cut such a test off on a machine 2.6x slower than usual (docs/TESTING.md).
+SEVERAL_JOBS = pytest.mark.timeout(900)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

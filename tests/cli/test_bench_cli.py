@@ -5,11 +5,9 @@ import json
 import pytest
 
 from hvdkit.bench.runner import free_port
-from tests.conftest import run_hvdkit
+from tests.conftest import SEVERAL_JOBS, run_hvdkit
 
-# A test here runs several jobs, each bounded by its own timeout: pytest-timeout's 300 s for the whole test cut
-# one off on a machine 2.6x slower than usual (docs/TESTING.md), so the bound here is the jobs' own.
-pytestmark = [pytest.mark.cli, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cli, SEVERAL_JOBS]
 
 
 @pytest.fixture(scope="module")

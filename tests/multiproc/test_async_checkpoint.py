@@ -16,6 +16,7 @@ import pytest
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
 from tests.conftest import (
     ROOT,
+    SEVERAL_JOBS,
     WORKERS,
     horovodrun_cmd,
     hvdkit_cmd,
@@ -28,9 +29,7 @@ from tests.conftest import (
 from tests.elastic_job import ElasticJob
 from tests.multiproc.test_preemption import whole_checkpoint_and_marks
 
-# A test here runs several jobs, each bounded by its own timeout: pytest-timeout's 300 s for the whole test cut
-# one off on a machine 2.6x slower than usual (docs/TESTING.md), so the bound here is the jobs' own.
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiproc, SEVERAL_JOBS]
 # In make test's other lane (tests/conftest.py): its jobs are found by pid files, not by command line.
 LANE = "others"
 WORKER = str(WORKERS / "torch_preempt.py")

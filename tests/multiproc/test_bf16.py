@@ -12,12 +12,10 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT, run_horovodrun
+from tests.conftest import ROOT, SEVERAL_JOBS, run_horovodrun
 from tests.multiproc.test_examples_quiet import WARNING
 
-# A test here runs several jobs, each bounded by its own timeout: pytest-timeout's 300 s for the whole test cut
-# one off on a machine 2.6x slower than usual (docs/TESTING.md), so the bound here is the jobs' own.
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiproc, SEVERAL_JOBS]
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])

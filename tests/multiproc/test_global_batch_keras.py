@@ -18,6 +18,7 @@ import pytest
 from hvdkit.runtime.preemption import REQUEUE_EXIT_CODE
 from tests.conftest import (
     ROOT,
+    SEVERAL_JOBS,
     WORKERS,
     horovodrun_cmd,
     job_env,
@@ -28,9 +29,7 @@ from tests.conftest import (
 )
 from tests.multiproc.test_preemption import example_result
 
-# A test here runs several jobs, each bounded by its own timeout: pytest-timeout's 300 s for the whole test cut
-# one off on a machine 2.6x slower than usual (docs/TESTING.md), so the bound here is the jobs' own.
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiproc, SEVERAL_JOBS]
 LANE = "others"          # as tests/multiproc/test_global_batch.py
 WORKER = str(WORKERS / "keras_global_batch.py")
 STEPS = 15

@@ -15,12 +15,10 @@ import re
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, hvdkit_launch_cmd, job_env, run_job
+from tests.conftest import ROOT, SEVERAL_JOBS, hvdkit_launch_cmd, job_env, run_job
 from tests.multiproc.test_examples_quiet import assert_no_warning
 
-# A test here runs several jobs, each bounded by its own timeout: pytest-timeout's 300 s for the whole test cut
-# one off on a machine 2.6x slower than usual (docs/TESTING.md), so the bound here is the jobs' own.
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiproc, SEVERAL_JOBS]
 SEES_GPU = ROOT / "tests" / "keras_sees_gpu"
 XLA_FIX = "Horovod's allreduce has no XLA kernel, so hk.DistributedOptimizer cannot apply gradients inside"
 

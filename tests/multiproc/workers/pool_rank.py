@@ -188,8 +188,10 @@ def main() -> None:
     p.add_argument("--owner", type=int, required=True, help="the pytest process; the pool ends with it")
     args = p.parse_args()
     directory, owner = args.dir, args.owner
-    rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]     # horovodrun --gloo or --mpi
-    if "HOROVOD_RANK" not in os.environ:
+    from hvdkit.common.launcher import OPEN_MPI, detect, launcher
+
+    rank = str(detect().rank)                          # horovodrun --gloo or --mpi
+    if launcher() is OPEN_MPI:
         # MPI initialised as Horovod initialises it: every thread may call it, and an error aborts as in a job of
         # its own (mpi4py's default makes errors return, which Horovod's communicators would inherit).
         import mpi4py

@@ -7,12 +7,14 @@ import sys
 
 from rank_results import write_result
 
+from hvdkit.common.launcher import detect
+
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
 p.add_argument("--fail-rank", type=int, default=None)
 args = p.parse_args()
 
-rank = int(os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"])
+rank = detect().rank                    # before hk.init, as the launcher said
 if rank == args.fail_rank:
     print(f"rank {rank} fails before hk.init", file=sys.stderr)
     sys.exit(3)
