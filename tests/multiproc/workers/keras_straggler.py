@@ -11,6 +11,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--sleep-ms", type=float, default=40.0)
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--samples", type=int, default=640)
 args = parse_args(p)
 
 import hvdkit.keras as hk  # noqa: E402
@@ -18,7 +19,7 @@ import hvdkit.keras as hk  # noqa: E402
 keras = hk.use_backend(args.mode)
 ctx = hk.init(seed=0, threads=1)
 rng = np.random.default_rng(0)
-x, y = hk.shard_arrays(rng.normal(size=(640, 8)).astype("float32"), rng.integers(0, 4, 640))
+x, y = hk.shard_arrays(rng.normal(size=(args.samples, 8)).astype("float32"), rng.integers(0, 4, args.samples))
 slow = ctx.rank == args.slow_rank
 
 
