@@ -8,7 +8,9 @@ with each scenario's output captured apart and the process put back after it.
 
 What needs processes of its own keeps them (``launch(..., pool=False)`` or a
 run_job of its own): kills and signals, resume in new processes, GPU pinning,
-per-process environment variables, checks of a process's own start.
+per-process environment variables, checks of a process's own start. The
+exception is the few Horovod settings its background thread reads at each
+``hvd.init`` (``PER_INIT``): a scenario of a Gloo pool may set them.
 
 A scenario that exits non-zero, or outlives its timeout, ends its pool; the
 next scenario of that family starts a new one, so a crash fails one test only.
@@ -36,6 +38,9 @@ RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
 MAX_POOLS = 4
 # How long the other ranks of a scenario have to end once one rank has failed it.
 FAILED_RANK_GRACE = 30.0
+# Horovod settings read afresh by each hvd.init (its background thread reads them as it starts), so a scenario may
+# set them for itself. Not under MPI, where hk.init fixes them for the rest of the process (PLAIN_HOROVOD below).
+PER_INIT = {"HOROVOD_FUSION_THRESHOLD"}
 
 
 class ScenarioTimeout(Exception):
@@ -63,12 +68,14 @@ class Pool:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def run(self, worker: str, argv: list[str], timeout: float) -> tuple[int, str]:
-        """Run ``worker argv`` on every rank; return (the highest exit code, every rank's output)."""
+    def run(self, worker: str, argv: list[str], timeout: float,
+            horovod_env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run ``worker argv`` on every rank, with ``horovod_env`` (``PER_INIT`` settings) set for it; return
+        (the highest exit code, every rank's output)."""
         n = self.next
         self.next += 1
         job = self.dir / f"job-{n}.json"
-        job.with_suffix(".tmp").write_text(json.dumps({"worker": worker, "argv": argv}))
+        job.with_suffix(".tmp").write_text(json.dumps({"worker": worker, "argv": argv, "env": horovod_env or {}}))
         os.replace(job.with_suffix(".tmp"), job)
         done = [self.dir / f"done-{n}.{r}.json" for r in range(self.np)]
         deadline = time.monotonic() + timeout
@@ -141,7 +148,11 @@ class Pools:
         atexit.register(self.close_all)
 
     def run(self, key: tuple, np: int, cmd: list[str], env: dict[str, str], worker: str, argv: list[str],
-            timeout: float) -> tuple[int, str]:
+            timeout: float, horovod_env: dict[str, str] | None = None) -> tuple[int, str]:
+        unsettable = set(horovod_env or {}) - (PER_INIT if "--gloo" in cmd else set())
+        if unsettable:
+            raise ValueError(f"a {' '.join(cmd)} scenario cannot set {sorted(unsettable)}: give the job processes "
+                             "of its own (pool=None)")
         # A test that sets a variable gets a pool of its own; pytest's own PYTEST_CURRENT_TEST differs per test.
         key = (*key, hash(frozenset((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
         pool = self.pools.pop(key, None)
@@ -153,7 +164,7 @@ class Pools:
         self.pools[key] = pool
         self.scenarios += 1
         try:
-            rc, output = pool.run(worker, argv, timeout)
+            rc, output = pool.run(worker, argv, timeout, horovod_env)
         except (ScenarioTimeout, PoolGone):
             self.pools.pop(key, None)
             raise

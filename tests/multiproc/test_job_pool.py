@@ -46,3 +46,22 @@ def test_a_rank_failing_before_init_ends_its_scenario_with_its_exit_code_not_a_t
     # The next scenario gets a pool that works.
     proc = run_horovodrun(2, [WORKER, "--out", str(tmp_path)], controller, timeout=180, pool="torch")
     assert proc.returncode == 0 and read_rank_results(tmp_path, 2, proc.stdout)[0]["total"] == 3.0, proc.stdout
+
+
+def test_a_horovod_setting_holds_for_its_scenario_only_and_only_under_gloo(tmp_path):
+    # HOROVOD_FUSION_THRESHOLD is read by Horovod's background thread as each hvd.init starts it; under MPI hk.init
+    # fixes it for the rest of the process, so an MPI pool refuses it instead of running with another value.
+    seen, pids = [], []
+    for n, setting in enumerate([{"HOROVOD_FUSION_THRESHOLD": "0"}, None]):
+        out = tmp_path / str(n)
+        out.mkdir()
+        proc = run_horovodrun(2, [WORKER, "--out", str(out)], "gloo", timeout=180, pool="torch", horovod_env=setting)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        results = read_rank_results(out, 2, proc.stdout)
+        assert [r["size"] for r in results] == [2, 2]
+        seen.append([r["fusion_threshold"] for r in results])
+        pids.append(sorted(r["pid"] for r in results))
+    assert seen == [["0", "0"], [None, None]] and pids[0] == pids[1], (seen, pids)
+    with pytest.raises(ValueError, match=r"cannot set \['HOROVOD_FUSION_THRESHOLD'\]: give the job processes"):
+        run_horovodrun(2, [WORKER, "--out", str(tmp_path)], "mpi", timeout=180, pool="torch",
+                       horovod_env={"HOROVOD_FUSION_THRESHOLD": "0"})
