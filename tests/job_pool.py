@@ -181,8 +181,9 @@ class Pools:
 POOLS = Pools()
 
 
-# Workers that need processes of their own: gpu_pinning.py fakes each rank's GPUs and CUDA_VISIBLE_DEVICES.
-OWN_PROCESSES = {"gpu_pinning.py"}
+# Workers that need processes of their own (none at present: gpu_pinning.py undoes its fakes of the GPU queries
+# at its end, and its CUDA_VISIBLE_DEVICES is the environment's, which the pool restores).
+OWN_PROCESSES: set[str] = set()
 # Workers that call plain hvd.init(), not hk.init: under MPI on one host hk.init fixes Horovod's fusion threshold
 # and cycle time (hvdkit/common/tuning.py), which hold for the rest of the process (patch item 20), so in an MPI
 # pool these would run with an earlier scenario's values instead of Horovod's defaults.
@@ -194,7 +195,7 @@ def family(worker: str, argv: list[str], controller: str = "gloo") -> str | None
 
     torch_*.py import torch only; keras_*.py choose their Keras with --mode before importing it (Keras reads
     its backend once per process); --framework tensorflow workers import TensorFlow without Keras, so they
-    share Keras-on-TensorFlow's pool.
+    share Keras-on-TensorFlow's pool; --framework keras-torch and keras-tensorflow (gpu_pinning.py) name theirs.
     """
     if worker in OWN_PROCESSES or (controller == "mpi" and worker in PLAIN_HOROVOD):
         return None
@@ -203,5 +204,6 @@ def family(worker: str, argv: list[str], controller: str = "gloo") -> str | None
     if worker.startswith("keras_") and "--mode" in argv:
         return "keras-" + argv[argv.index("--mode") + 1]
     if "--framework" in argv:
-        return {"torch": "torch", "tensorflow": "keras-tensorflow"}.get(argv[argv.index("--framework") + 1])
+        return {"torch": "torch", "tensorflow": "keras-tensorflow", "keras-torch": "keras-torch",
+                "keras-tensorflow": "keras-tensorflow"}.get(argv[argv.index("--framework") + 1])
     return None

@@ -16,11 +16,15 @@ HVDKIT_GPU_WITHOUT_NCCL=1 unless --nccl-check. --shm-mib N: /dev/shm reads as N 
 os.statvfs for that path), as in a plain `docker run`.
 
 Writes rank<R>.json with the device string and what was pinned, or the error.
+Every fake is undone at the end, so the worker can run as a job pool's scenario
+(tests/job_pool.py), whose next scenario must find the real modules.
 """
 
 import argparse
 import os
+from contextlib import ExitStack
 from types import SimpleNamespace
+from unittest import mock
 
 from rank_results import write_result
 
@@ -36,6 +40,13 @@ p.add_argument("--driver")
 p.add_argument("--nccl-check", action="store_true", help="keep hk.init()'s refusal of a Horovod without NCCL")
 p.add_argument("--shm-mib", type=int)
 args = p.parse_args()
+fakes = ExitStack()
+
+
+def fake(owner, name: str, value) -> None:
+    fakes.enter_context(mock.patch.object(owner, name, value))
+
+
 if args.shm_mib is not None:
     real_statvfs = os.statvfs
 
@@ -45,7 +56,7 @@ if args.shm_mib is not None:
         blocks = args.shm_mib * 256     # 4 KiB blocks
         return os.statvfs_result((4096, 4096, blocks, blocks, blocks, 0, 0, 0, 0, 255))
 
-    os.statvfs = small_shm
+    fake(os, "statvfs", small_shm)
 if not args.nccl_check:
     os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"   # this CPU machine's Horovod has no NCCL; the GPUs are fakes
 rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
@@ -81,12 +92,13 @@ if args.driver:
     # A GPU host whose CUDA the framework cannot use: /dev/nvidia0 and an old driver in /proc.
     from hvdkit.runtime import cuda_driver
 
-    fake = os.path.join(args.out, f"host-of-rank{rank}")
-    os.makedirs(os.path.join(fake, "dev"))
-    open(os.path.join(fake, "dev", "nvidia0"), "w").close()
-    with open(os.path.join(fake, "version"), "w") as f:
+    host = os.path.join(args.out, f"host-of-rank{rank}")
+    os.makedirs(os.path.join(host, "dev"))
+    open(os.path.join(host, "dev", "nvidia0"), "w").close()
+    with open(os.path.join(host, "version"), "w") as f:
         f.write(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {args.driver}  Sat Aug 19 01:15:15 UTC 2023\n")
-    cuda_driver.DEV_DIR, cuda_driver.DRIVER_VERSION_FILE = os.path.join(fake, "dev"), os.path.join(fake, "version")
+    fake(cuda_driver, "DEV_DIR", os.path.join(host, "dev"))
+    fake(cuda_driver, "DRIVER_VERSION_FILE", os.path.join(host, "version"))
 
 if args.framework == "keras-tensorflow":
     os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -97,40 +109,41 @@ if args.framework == "keras-tensorflow":
     from hvdkit.runtime import cuda_driver
 
     if args.driver:
-        tf.sysconfig.get_build_info = lambda: {"is_cuda_build": True, "cuda_version": "12.5.1"}   # tensorflow 2.21
+        fake(tf.sysconfig, "get_build_info", lambda: {"is_cuda_build": True, "cuda_version": "12.5.1"})   # TF 2.21
     Fake = namedtuple("PhysicalDevice", "name device_type")
     gpus = [Fake(f"/physical_device:GPU:{i}", "GPU") for i in range(len(uuids))]
     real_list = tf.config.list_physical_devices
-    tf.config.list_physical_devices = lambda kind=None: list(gpus) if kind == "GPU" else real_list(kind)
-    tf.config.experimental.set_memory_growth = lambda dev, on: calls.append(["memory_growth", dev.name, on])
-    tf.config.set_visible_devices = lambda dev, kind=None: calls.append(
-        ["visible", [d.name for d in dev] if isinstance(dev, list) else dev.name, kind])
-    cuda_driver.load_libcuda = FakeLibcuda
+    fake(tf.config, "list_physical_devices", lambda kind=None: list(gpus) if kind == "GPU" else real_list(kind))
+    fake(tf.config.experimental, "set_memory_growth", lambda dev, on: calls.append(["memory_growth", dev.name, on]))
+    fake(tf.config, "set_visible_devices", lambda dev, kind=None: calls.append(
+        ["visible", [d.name for d in dev] if isinstance(dev, list) else dev.name, kind]))
+    fake(cuda_driver, "load_libcuda", FakeLibcuda)
 else:
     if args.framework == "keras-torch":
         os.environ["KERAS_BACKEND"] = "torch"
     import torch
 
     if args.driver:
-        torch.version.cuda = "13.0"   # the build hvdkit installs (torch 2.14.1+cu130)
-    torch.cuda.is_available = lambda: bool(uuids)
-    torch.cuda.device_count = lambda: len(uuids)
+        fake(torch.version, "cuda", "13.0")   # the build hvdkit installs (torch 2.14.1+cu130)
+    fake(torch.cuda, "is_available", lambda: bool(uuids))
+    fake(torch.cuda, "device_count", lambda: len(uuids))
     # torch prints a UUID without nvidia-smi's "GPU-" (torch._C._CUuuid.__str__)
-    torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=uuids[i][len("GPU-"):])
-    torch.cuda.set_device = lambda index: calls.append(["set_device", index])
+    fake(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuids[i][len("GPU-"):]))
+    fake(torch.cuda, "set_device", lambda index: calls.append(["set_device", index]))
 
 if args.framework == "torch":
     import hvdkit.torch as hk
 else:
     import hvdkit.keras as hk
 
-try:
-    ctx = hk.init()
-    result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
-    if args.framework == "keras-torch":      # where Keras on torch puts new variables
-        from keras.src.backend.torch.core import get_device
+with fakes:
+    try:
+        ctx = hk.init()
+        result = {"device": str(ctx.device), "gpu": ctx.gpu, "calls": calls, "rank": ctx.rank, "size": ctx.size}
+        if args.framework == "keras-torch":      # where Keras on torch puts new variables
+            from keras.src.backend.torch.core import get_device
 
-        result["keras_device"] = str(get_device())
-except (RuntimeError, UserError) as exc:      # NoGPUError is a UserError; torch raises RuntimeError
-    result = {"error": str(exc), "calls": calls}
+            result["keras_device"] = str(get_device())
+    except (RuntimeError, UserError) as exc:      # NoGPUError is a UserError; torch raises RuntimeError
+        result = {"error": str(exc), "calls": calls}
 write_result(args.out, rank, result)
