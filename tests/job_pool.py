@@ -7,10 +7,11 @@ the worker scripts one after another, each in a Horovod initialised afresh,
 with each scenario's output captured apart and the process put back after it.
 
 What needs processes of its own keeps them (``launch(..., pool=False)`` or a
-run_job of its own): kills and signals, resume in new processes, GPU pinning,
+run_job of its own): kills and signals, resume in new processes,
 per-process environment variables, checks of a process's own start. The
 exception is the few Horovod settings its background thread reads at each
-``hvd.init`` (``PER_INIT``): a scenario of a Gloo pool may set them.
+``hvd.init`` (``PER_INIT``): a scenario of a Gloo pool may set them, and is
+then that pool's last, since Horovod keeps such a value for the rest of the process.
 
 A scenario that exits non-zero, or outlives its timeout, ends its pool; the
 next scenario of that family starts a new one, so a crash fails one test only.
@@ -38,8 +39,10 @@ RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
 MAX_POOLS = 4
 # How long the other ranks of a scenario have to end once one rank has failed it.
 FAILED_RANK_GRACE = 30.0
-# Horovod settings read afresh by each hvd.init (its background thread reads them as it starts), so a scenario may
-# set them for itself. Not under MPI, where hk.init fixes them for the rest of the process (PLAIN_HOROVOD below).
+# Horovod settings its background thread reads as each hvd.init starts it, so a scenario's own value takes effect.
+# Once read, such a value stays fixed for the rest of the process (0.28.1's parameter manager, with patch item 20),
+# whatever the environment says later: the scenario that sets one ends its pool. Not under MPI pools, where hk.init
+# sets them itself (PLAIN_HOROVOD below).
 PER_INIT = {"HOROVOD_FUSION_THRESHOLD"}
 
 
@@ -168,7 +171,7 @@ class Pools:
         except (ScenarioTimeout, PoolGone):
             self.pools.pop(key, None)
             raise
-        if rc != 0:                      # its ranks have exited: the next scenario gets a new pool
+        if rc != 0 or horovod_env:       # its ranks have exited, or hold a setting: the next gets a new pool
             self.pools.pop(key, None)
             pool.close()
         return rc, output

@@ -162,7 +162,7 @@ def run(job: dict, out_path: str) -> int:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
     sys.argv[:] = [job["worker"], *job["argv"]]
-    os.environ.update(job.get("env", {}))       # Horovod settings its next init reads (the snapshot restores them)
+    os.environ.update(job.get("env", {}))       # Horovod settings its init reads (the last scenario of this pool)
     rc = 0
     try:
         runpy.run_path(job["worker"], run_name="__main__")
