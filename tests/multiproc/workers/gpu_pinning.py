@@ -123,6 +123,13 @@ else:
         os.environ["KERAS_BACKEND"] = "torch"
     import torch
 
+    if args.framework == "keras-torch":
+        # Keras on torch picks its default device once, as it is first imported: before the fakes here, as it is
+        # where a pool imported it earlier, then faked to what a process started with these GPUs would have.
+        from keras.src.backend.torch import core as keras_torch_core
+
+        fake(keras_torch_core, "DEFAULT_DEVICE", "cuda" if uuids else "cpu")
+
     if args.driver:
         fake(torch.version, "cuda", "13.0")   # the build hvdkit installs (torch 2.14.1+cu130)
     fake(torch.cuda, "is_available", lambda: bool(uuids))
