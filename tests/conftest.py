@@ -224,24 +224,22 @@ def mpirun_cmd(np: int, argv: list[str]) -> list[str]:
 
 
 def run_horovodrun(np: int, argv: list[str], controller: str = "gloo", timeout: float = 240,
-                   pool: str | None = None, horovod_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+                   pool: str | None = None) -> subprocess.CompletedProcess:
     """``horovodrun -np N --gloo|--mpi python ARGV`` with job_env(); stdout and stderr together, as run_job.
 
     ``pool`` names the framework family ("torch", "keras-tensorflow", "keras-torch", tests/job_pool.py): the
     script then runs as a scenario of that family's long-lived job of N ranks under this controller, its
     output each rank's lines tagged as horovodrun tags them (``[R]<stdout>:`` under Gloo, ``[1,R]<stderr>:``
     under MPI). A job that needs processes of its own (a resume, a signal) leaves it None.
-    ``horovod_env``: Horovod settings for this job only (tests/job_pool.py's PER_INIT, which a pool's scenario
-    may set too).
     """
     cmd = horovodrun_cmd(np, argv, controller)
     if pool is None:
-        return run_job(cmd, timeout, env=job_env(**(horovod_env or {})))
+        return run_job(cmd, timeout)
     from tests.job_pool import POOLS, PoolGone, ScenarioTimeout
 
     try:
         rc, output = POOLS.run((np, pool, controller), np, cmd[:cmd.index(sys.executable)], job_env(), argv[0],
-                               argv[1:], timeout, horovod_env=horovod_env)
+                               argv[1:], timeout)
     except ScenarioTimeout as exc:
         pytest.fail(f"job timed out after {timeout}s in its pool: {' '.join(cmd)}\n{str(exc)[-4000:]}")
     except PoolGone as exc:

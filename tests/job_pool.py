@@ -8,10 +8,9 @@ with each scenario's output captured apart and the process put back after it.
 
 What needs processes of its own keeps them (``launch(..., pool=False)`` or a
 run_job of its own): kills and signals, resume in new processes,
-per-process environment variables, checks of a process's own start. The
-exception is the few Horovod settings its background thread reads at each
-``hvd.init`` (``PER_INIT``): a scenario of a Gloo pool may set them, and is
-then that pool's last, since Horovod keeps such a value for the rest of the process.
+per-process environment variables (Horovod keeps a tuning value read from the
+environment for the rest of a process, whatever a later scenario sets), checks
+of a process's own start.
 
 A scenario that exits non-zero, or outlives its timeout, ends its pool; the
 next scenario of that family starts a new one, so a crash fails one test only.
@@ -39,11 +38,6 @@ RANK_SCRIPT = ROOT / "tests" / "multiproc" / "workers" / "pool_rank.py"
 MAX_POOLS = 4
 # How long the other ranks of a scenario have to end once one rank has failed it.
 FAILED_RANK_GRACE = 30.0
-# Horovod settings its background thread reads as each hvd.init starts it, so a scenario's own value takes effect.
-# Once read, such a value stays fixed for the rest of the process (0.28.1's parameter manager, with patch item 20),
-# whatever the environment says later: the scenario that sets one ends its pool. Not under MPI pools, where hk.init
-# sets them itself (PLAIN_HOROVOD below).
-PER_INIT = {"HOROVOD_FUSION_THRESHOLD"}
 
 
 class ScenarioTimeout(Exception):
@@ -71,14 +65,12 @@ class Pool:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def run(self, worker: str, argv: list[str], timeout: float,
-            horovod_env: dict[str, str] | None = None) -> tuple[int, str]:
-        """Run ``worker argv`` on every rank, with ``horovod_env`` (``PER_INIT`` settings) set for it; return
-        (the highest exit code, every rank's output)."""
+    def run(self, worker: str, argv: list[str], timeout: float) -> tuple[int, str]:
+        """Run ``worker argv`` on every rank; return (the highest exit code, every rank's output)."""
         n = self.next
         self.next += 1
         job = self.dir / f"job-{n}.json"
-        job.with_suffix(".tmp").write_text(json.dumps({"worker": worker, "argv": argv, "env": horovod_env or {}}))
+        job.with_suffix(".tmp").write_text(json.dumps({"worker": worker, "argv": argv}))
         os.replace(job.with_suffix(".tmp"), job)
         done = [self.dir / f"done-{n}.{r}.json" for r in range(self.np)]
         deadline = time.monotonic() + timeout
@@ -151,11 +143,7 @@ class Pools:
         atexit.register(self.close_all)
 
     def run(self, key: tuple, np: int, cmd: list[str], env: dict[str, str], worker: str, argv: list[str],
-            timeout: float, horovod_env: dict[str, str] | None = None) -> tuple[int, str]:
-        unsettable = set(horovod_env or {}) - (PER_INIT if "--gloo" in cmd else set())
-        if unsettable:
-            raise ValueError(f"a {' '.join(cmd)} scenario cannot set {sorted(unsettable)}: give the job processes "
-                             "of its own (pool=None)")
+            timeout: float) -> tuple[int, str]:
         # A test that sets a variable gets a pool of its own; pytest's own PYTEST_CURRENT_TEST differs per test.
         key = (*key, hash(frozenset((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
         pool = self.pools.pop(key, None)
@@ -167,11 +155,11 @@ class Pools:
         self.pools[key] = pool
         self.scenarios += 1
         try:
-            rc, output = pool.run(worker, argv, timeout, horovod_env)
+            rc, output = pool.run(worker, argv, timeout)
         except (ScenarioTimeout, PoolGone):
             self.pools.pop(key, None)
             raise
-        if rc != 0 or horovod_env:       # its ranks have exited, or hold a setting: the next gets a new pool
+        if rc != 0:                      # its ranks have exited: the next scenario gets a new pool
             self.pools.pop(key, None)
             pool.close()
         return rc, output
@@ -184,9 +172,6 @@ class Pools:
 POOLS = Pools()
 
 
-# Workers that need processes of their own (none at present: gpu_pinning.py undoes its fakes of the GPU queries
-# at its end, and its CUDA_VISIBLE_DEVICES is the environment's, which the pool restores).
-OWN_PROCESSES: set[str] = set()
 # Workers that call plain hvd.init(), not hk.init: under MPI on one host hk.init fixes Horovod's fusion threshold
 # and cycle time (hvdkit/common/tuning.py), which hold for the rest of the process (patch item 20), so in an MPI
 # pool these would run with an earlier scenario's values instead of Horovod's defaults.
@@ -200,7 +185,7 @@ def family(worker: str, argv: list[str], controller: str = "gloo") -> str | None
     its backend once per process); --framework tensorflow workers import TensorFlow without Keras, so they
     share Keras-on-TensorFlow's pool; --framework keras-torch and keras-tensorflow (gpu_pinning.py) name theirs.
     """
-    if worker in OWN_PROCESSES or (controller == "mpi" and worker in PLAIN_HOROVOD):
+    if controller == "mpi" and worker in PLAIN_HOROVOD:
         return None
     if worker.startswith("torch_"):
         return "torch"

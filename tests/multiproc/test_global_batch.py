@@ -129,9 +129,10 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
     example = [str(ROOT / "examples" / "pytorch_mnist.py"), "--epochs", "3", "--global-batch", "64",
                "--batch-size", "16", "--lr", "0.01", "--json"]
 
-    def run(np: int, ckpts: Path, *extra: str, horovod_env: dict | None = None, pool: bool = False) -> dict:
+    def run(np: int, ckpts: Path, *extra: str, env: dict | None = None, pool: bool = False) -> dict:
         argv = [*example, "--checkpoint-dir", str(ckpts), *extra]
-        proc = run_horovodrun(np, argv, "gloo", timeout=300, pool="torch" if pool else None, horovod_env=horovod_env)
+        proc = (run_horovodrun(np, argv, "gloo", timeout=300, pool="torch") if pool else
+                run_job(horovodrun_cmd(np, argv, "gloo"), timeout=300, env=env))
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]
         return example_result(proc.stdout)
@@ -142,7 +143,7 @@ def test_the_example_in_float32_interrupted_twice_ends_as_close_as_another_reduc
         return max(int(p) for p in pids)
 
     reference = run(4, tmp_path / "reference", pool=True)
-    unfused_result = run(4, tmp_path / "unfused", horovod_env={"HOROVOD_FUSION_THRESHOLD": "0"}, pool=True)
+    unfused_result = run(4, tmp_path / "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
     # An epoch takes a second: SIGTERM once an epoch has ended lands in the next (2 ranks: the second epoch; 3
     # ranks, resumed in it: the third).

@@ -21,6 +21,7 @@ from tests.conftest import (
     SEVERAL_JOBS,
     WORKERS,
     horovodrun_cmd,
+    job_env,
     read_rank_results,
     run_horovodrun,
     run_job,
@@ -111,10 +112,10 @@ def test_the_keras_example_in_float32_interrupted_twice_ends_as_close_as_another
     example = [str(ROOT / "examples" / "keras_mnist.py"), "--epochs", "2", "--global-batch", "64",
                "--batch-size", "16", "--json"]
 
-    def run(ranks: int, name: str, *extra: str, horovod_env: dict | None = None, pool: bool = False) -> dict:
+    def run(ranks: int, name: str, *extra: str, env: dict | None = None, pool: bool = False) -> dict:
         argv = [*example, "--checkpoint", str(tmp_path / f"{name}.npz"), *extra]
-        proc = run_horovodrun(ranks, argv, "gloo", timeout=300, pool="keras-tensorflow" if pool else None,
-                              horovod_env=horovod_env)
+        proc = (run_horovodrun(ranks, argv, "gloo", timeout=300, pool="keras-tensorflow") if pool else
+                run_job(horovodrun_cmd(ranks, argv, "gloo"), timeout=300, env=env))
         assert proc.returncode == 0, proc.stdout[-3000:]
         assert "hvdkit:" not in proc.stdout, proc.stdout[-3000:]
         return example_result(proc.stdout)
@@ -125,7 +126,7 @@ def test_the_keras_example_in_float32_interrupted_twice_ends_as_close_as_another
         return max(int(p) for p in pids)
 
     reference = run(4, "reference", pool=True)
-    unfused_result = run(4, "unfused", horovod_env={"HOROVOD_FUSION_THRESHOLD": "0"}, pool=True)
+    unfused_result = run(4, "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
     # An epoch takes 5-10 s: on 2 ranks SIGTERM once the second epoch has begun; on 3, resumed, once fit
     # has begun the rest of that epoch.

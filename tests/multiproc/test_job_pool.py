@@ -47,24 +47,3 @@ def test_a_rank_failing_before_init_ends_its_scenario_with_its_exit_code_not_a_t
     proc = run_horovodrun(2, [WORKER, "--out", str(tmp_path)], controller, timeout=180, pool="torch")
     assert proc.returncode == 0 and read_rank_results(tmp_path, 2, proc.stdout)[0]["total"] == 3.0, proc.stdout
 
-
-def test_a_scenario_that_sets_a_horovod_setting_is_its_pools_last_and_only_under_gloo(tmp_path):
-    # Horovod's background thread reads HOROVOD_FUSION_THRESHOLD as each hvd.init starts it, and from then on keeps
-    # the value fixed in that process, whatever the environment says (patch item 20 keeps a fixed value through
-    # re-inits): a next scenario in the same processes ran unfused. Under MPI hk.init sets it itself, so an MPI pool
-    # refuses it.
-    seen, pids = [], []
-    for n, setting in enumerate([{"HOROVOD_FUSION_THRESHOLD": "0"}, None]):
-        out = tmp_path / str(n)
-        out.mkdir()
-        proc = run_horovodrun(2, [WORKER, "--out", str(out)], "gloo", timeout=180, pool="torch", horovod_env=setting)
-        assert proc.returncode == 0, proc.stdout[-3000:]
-        results = read_rank_results(out, 2, proc.stdout)
-        assert [r["size"] for r in results] == [2, 2]
-        seen.append([r["fusion_threshold"] for r in results])
-        pids.append(sorted(r["pid"] for r in results))
-    assert seen == [["0", "0"], [None, None]], seen
-    assert not set(pids[0]) & set(pids[1]), pids                    # the next scenario had processes of its own
-    with pytest.raises(ValueError, match=r"cannot set \['HOROVOD_FUSION_THRESHOLD'\]: give the job processes"):
-        run_horovodrun(2, [WORKER, "--out", str(tmp_path)], "mpi", timeout=180, pool="torch",
-                       horovod_env={"HOROVOD_FUSION_THRESHOLD": "0"})

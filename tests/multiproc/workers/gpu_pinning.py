@@ -29,6 +29,7 @@ from unittest import mock
 from rank_results import write_result
 
 from hvdkit.common.errors import UserError
+from hvdkit.common.launcher import detect
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -59,7 +60,7 @@ if args.shm_mib is not None:
     fake(os, "statvfs", small_shm)
 if not args.nccl_check:
     os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"   # this CPU machine's Horovod has no NCCL; the GPUs are fakes
-rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+rank = detect().rank                    # before hk.init, as the launcher said
 letters = [c for c in args.uuids[rank].split(",") if c] if args.uuids else "abcdefgh"[:args.gpus]
 uuids = [f"GPU-{c * 8}-{c * 4}-{c * 4}-{c * 4}-{c * 12}" for c in letters]
 if args.cvd and args.cvd[rank] == "unset":

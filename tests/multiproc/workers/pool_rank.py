@@ -18,7 +18,7 @@ as they found it, so the next scenario starts as a fresh one would:
 - torch's default dtype, thread counts and compiled graphs, and Keras's
   session, float type and precision policy, are reset.
 
-Protocol: ``job-<n>.json`` (``{"worker": path, "argv": [...], "env": {...}}``) appears in
+Protocol: ``job-<n>.json`` (``{"worker": path, "argv": [...]}``) appears in
 ``--dir``; each rank writes its output to ``out-<n>.<rank>`` (stderr:
 ``.err``) and then ``done-<n>.<rank>.json`` (``{"rc": exit code}``). A rank
 whose scenario ends non-zero exits after reporting it (the test side starts
@@ -162,7 +162,6 @@ def run(job: dict, out_path: str) -> int:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
     sys.argv[:] = [job["worker"], *job["argv"]]
-    os.environ.update(job.get("env", {}))       # Horovod settings its init reads (the last scenario of this pool)
     rc = 0
     try:
         runpy.run_path(job["worker"], run_name="__main__")

@@ -1,6 +1,5 @@
-"""Worker: what a job pool's scenario sees (tests/multiproc/test_job_pool.py): its pid, Horovod's controller, a
-sum over the ranks after hk.init, and the fusion threshold it was given; with --fail-rank R, rank R exits 3 before
-hk.init while the others go into it."""
+"""Worker: what a job pool's scenario sees (tests/multiproc/test_job_pool.py): its pid, Horovod's controller and a
+sum over the ranks after hk.init; with --fail-rank R, rank R exits 3 before hk.init while the others go into it."""
 
 import argparse
 import os
@@ -28,5 +27,4 @@ import hvdkit.torch as ht  # noqa: E402
 ctx = ht.init(seed=0)
 total = hvd.allreduce(torch.tensor([ctx.rank + 1.0]), op=hvd.Sum).item()
 write_result(args.out, ctx.rank, {"size": ctx.size, "pid": os.getpid(), "total": total,
-                                  "mpi": hvd.mpi_enabled(), "gloo": hvd.gloo_enabled(),
-                                  "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD")})
+                                  "mpi": hvd.mpi_enabled(), "gloo": hvd.gloo_enabled()})
