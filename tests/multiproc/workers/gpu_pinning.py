@@ -13,7 +13,8 @@ once per rank, sets the rank's CUDA_VISIBLE_DEVICES ("unset" removes it).
 --driver V: a host with /dev/nvidia0 and driver V (a fake /dev and /proc) on
 which CUDA is unusable. The CPU build's Horovod has no NCCL, so the worker sets
 HVDKIT_GPU_WITHOUT_NCCL=1 unless --nccl-check. --shm-mib N: /dev/shm reads as N MiB (a fake
-os.statvfs for that path), as in a plain `docker run`.
+os.statvfs for that path), as in a plain `docker run`. --device cpu: HVDKIT_DEVICE=cpu, set here
+rather than in the job's environment so that the pool's key does not change (hk.init reads it each time).
 
 Writes rank<R>.json with the device string and what was pinned, or the error.
 Every fake is undone at the end, so the worker can run as a job pool's scenario
@@ -40,6 +41,7 @@ p.add_argument("--cvd", action="append")
 p.add_argument("--driver")
 p.add_argument("--nccl-check", action="store_true", help="keep hk.init()'s refusal of a Horovod without NCCL")
 p.add_argument("--shm-mib", type=int)
+p.add_argument("--device", help="HVDKIT_DEVICE for this scenario (the pool restores the environment after it)")
 args = p.parse_args()
 fakes = ExitStack()
 
@@ -58,6 +60,8 @@ if args.shm_mib is not None:
         return os.statvfs_result((4096, 4096, blocks, blocks, blocks, 0, 0, 0, 0, 255))
 
     fake(os, "statvfs", small_shm)
+if args.device:
+    os.environ["HVDKIT_DEVICE"] = args.device
 if not args.nccl_check:
     os.environ["HVDKIT_GPU_WITHOUT_NCCL"] = "1"   # this CPU machine's Horovod has no NCCL; the GPUs are fakes
 rank = detect().rank                    # before hk.init, as the launcher said
