@@ -28,21 +28,32 @@ def host_copy(obj):
     CPU tensors are cloned; a GPU tensor is copied into pinned host memory
     (:func:`pinned_like`) without blocking, and one synchronize at the end
     waits for every copy. Other leaves (step counts, hyperparameters) are
-    deep-copied.
+    deep-copied. A tensor that appears under several names (tied weights:
+    one storage, one view) is copied once and the copy appears under each,
+    so the file stores it once, as a synchronous save's does.
     """
     on_device = []
+    copies = {}
+
+    def copy_tensor(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu":
+            return t.clone()
+        if t.layout != torch.strided:          # sparse: no pinned buffer of its shape; a plain copy
+            return t.cpu()
+        out = pinned_like(t)
+        out.copy_(t, non_blocking=True)
+        on_device.append(t.device)
+        return out
 
     def walk(o):
         if isinstance(o, torch.Tensor):
             t = o.detach()
-            if t.device.type == "cpu":
-                return t.clone()
-            if t.layout != torch.strided:          # sparse: no pinned buffer of its shape; a plain copy
-                return t.cpu()
-            out = pinned_like(t)
-            out.copy_(t, non_blocking=True)
-            on_device.append(t.device)
-            return out
+            if t.layout != torch.strided or not t.numel():
+                return copy_tensor(t)
+            view = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, t.shape, t.stride())
+            if view not in copies:
+                copies[view] = copy_tensor(t)
+            return copies[view]
         if isinstance(o, dict):
             out = copy.copy(o)            # the same mapping type (an OrderedDict, a defaultdict) with copied values
             for k, v in o.items():

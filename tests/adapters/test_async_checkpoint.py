@@ -76,6 +76,19 @@ for s in range(1, 6):
 hk.wait_for_checkpoint()
 out["kept"] = sorted(os.listdir(ckpts))
 out["newest"] = hk.load_checkpoint(ckpts, model, optimizer)
+
+# Tied weights (one tensor under two names) are written once in the background, as a blocking save writes them.
+tied = torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 1000, bias=False))
+tied[1].weight = tied[0].weight
+sizes = {}
+for blocking in (True, False):
+    path = os.path.join(tmp, f"tied-{blocking}.pt")
+    hk.save_checkpoint(path, tied, blocking=blocking)
+    hk.wait_for_checkpoint()
+    sizes[blocking] = os.path.getsize(path)
+loaded = torch.load(path, weights_only=True)["model"]
+out["tied"] = {"sizes": [sizes[True], sizes[False]],
+               "shared": loaded["0.weight"].data_ptr() == loaded["1.weight"].data_ptr()}
 print(json.dumps(out))
 '''
 
@@ -98,6 +111,8 @@ def test_a_background_save_writes_the_state_at_the_call_and_its_failure_is_raise
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["snapshot"], "the weights changed after the call reached the file"
     assert out["same_file"] and out["loads"]         # the same content and digest as a blocking save's
+    blocking_size, background_size = out["tied"]["sizes"]    # (the copy stored the tied 256 KB twice)
+    assert out["tied"]["shared"] and background_size <= blocking_size + 1024, out["tied"]
     assert out["returned"] is True
     cannot = f"cannot write checkpoint '{tmp_path / 'a-file' / 'ckpt.pt'}'"
     assert out["at_step"] and out["at_step"].startswith(cannot), out["at_step"]
