@@ -27,7 +27,8 @@ from hvdkit.common.errors import UserError
 # Tuning table and docs/bench/cycle/, docs/bench/fusion/):
 # - HOROVOD_CYCLE_TIME 0.1 ms under MPI on one host: the allreduce gains (16 MiB 75% -> 100% of mpi4py-avg's
 #   bandwidth) and, with the yield below, the step does not lose. Under Gloo a short cycle costs the background
-#   thread CPU, and across hosts 0.2 ms did not clearly beat 1 ms, so both keep Horovod's 1 ms.
+#   thread CPU, and across hosts 0.2 ms did not clearly beat 1 ms, so both keep Horovod's 1 ms. Idle, an MPI rank
+#   costs 0.09-0.15 of a core at 0.1 ms (a 2-rank job used 1.1 cores between its ranks before patch item 23).
 # - OMPI_MCA_mpi_yield_when_idle=1 on CPU: Open MPI spins while it waits and Horovod's background thread shares the
 #   cores with the training threads (ResNet-50 step 965-1160 ms spinning, 716-871 ms yielding). Not on GPU hosts.
 # - HOROVOD_FUSION_THRESHOLD 1 MiB on CPU under MPI: pieces that stay in cache (ResNet-50's 161 gradients 1.90x

@@ -118,6 +118,7 @@ def test_a_rank_told_to_use_the_cpu_trains_beside_gpu_ranks(launch, framework):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_hvdkit_device_cpu_trains_on_the_cpu_beside_visible_gpus(launch, framework):
     # A Slurm job given GPUs that trains on the CPU on purpose: Slurm resets CUDA_VISIBLE_DEVICES, this stays.
+    # (Set inside the pooled scenario, where hk.init reads it; the launcher passes the environment as any other.)
     results = launch(2, "gpu_pinning.py", "--framework", framework, "--gpus", "2", "--nccl-check", "--device", "cpu")
     for r in results:
         assert "error" not in r and r["gpu"] is None, r
