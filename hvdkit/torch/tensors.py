@@ -29,11 +29,13 @@ def host_copy(obj):
     (:func:`pinned_like`) without blocking, and one synchronize at the end
     waits for every copy. Other leaves (step counts, hyperparameters) are
     deep-copied. A tensor that appears under several names (tied weights:
-    one storage, one view) is copied once and the copy appears under each,
-    so the file stores it once, as a synchronous save's does.
+    the same view of one storage) is copied once and the copy appears under
+    each, so the file stores it once, as a blocking save on the CPU does.
+    Two different views of one storage (a slice and its whole) get a copy
+    each: the values load the same, unshared.
     """
     on_device = []
-    copies = {}
+    copies = {}       # view -> (the tensor, kept alive so that its address is not reused meanwhile; its copy)
 
     def copy_tensor(t: torch.Tensor) -> torch.Tensor:
         if t.device.type == "cpu":
@@ -48,12 +50,12 @@ def host_copy(obj):
     def walk(o):
         if isinstance(o, torch.Tensor):
             t = o.detach()
-            if t.layout != torch.strided or not t.numel():
+            view = _view_key(t)
+            if view is None:
                 return copy_tensor(t)
-            view = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, t.shape, t.stride())
             if view not in copies:
-                copies[view] = copy_tensor(t)
-            return copies[view]
+                copies[view] = (t, copy_tensor(t))
+            return copies[view][1]
         if isinstance(o, dict):
             out = copy.copy(o)            # the same mapping type (an OrderedDict, a defaultdict) with copied values
             for k, v in o.items():
@@ -69,6 +71,20 @@ def host_copy(obj):
     for device in {d for d in on_device if d.type == "cuda"}:
         torch.cuda.synchronize(device)
     return out
+
+
+def _view_key(t: torch.Tensor):
+    """What makes two tensors the same view of the same memory, or None where a tensor is copied alone: empty,
+    sparse, quantized or nested tensors, and subclasses without plain storage (a wrapper's address may be 0)."""
+    if t.layout != torch.strided or not t.numel() or t.is_quantized or t.is_nested:
+        return None
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    if not address:
+        return None
+    return (type(t), t.device, address, t.storage_offset(), t.dtype, t.shape, t.stride(), t.is_conj(), t.is_neg())
 
 
 def pinned_like(t: torch.Tensor) -> torch.Tensor:
