@@ -12,14 +12,27 @@ def to_cpu(obj):
     """A copy of a nested dict/list/tuple of tensors with every tensor detached on the CPU.
 
     Broadcasts and checkpoints pickle state; CPU tensors load on any device.
+    A device tensor under several names (tied weights) is moved once, so the
+    pickle holds it once and the names still share it, as CPU tensors do.
     """
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj
+    moved = {}      # view -> (the tensor, kept alive; its CPU copy), as in host_copy
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach()
+            view = None if t.device.type == "cpu" else _view_key(t)
+            if view is None:
+                return t.cpu()
+            if view not in moved:
+                moved[view] = (t, t.cpu())
+            return moved[view][1]
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return type(o)(walk(v) for v in o)
+        return o
+
+    return walk(obj)
 
 
 def host_copy(obj):

@@ -171,7 +171,7 @@ def test_a_gpu_state_is_copied_into_pinned_memory_without_blocking_then_waited_f
     a background save return after the copy and not after the write. On a GPU, make test-gpu checks the same."""
     import torch
 
-    from hvdkit.torch.tensors import host_copy
+    from hvdkit.torch.tensors import host_copy, to_cpu
 
     events = []
 
@@ -208,6 +208,8 @@ def test_a_gpu_state_is_copied_into_pinned_memory_without_blocking_then_waited_f
     state = {"model": {"w": w, "tied": w},                                  # one weight under two names: one copy
              "optimizer": {"state": {0: {"exp_avg": on(1, moment), "step": 3}}},
              "extra": {"losses": [0.5]}, "cpu": torch.ones(2)}
+    moved = to_cpu(state)                 # a blocking save's (and a broadcast's) move: once a tensor too
+    assert moved["model"]["tied"] is moved["model"]["w"] and torch.equal(moved["model"]["w"], weights)
     copy = host_copy(state)
     assert copy["model"]["tied"] is copy["model"]["w"]
 
