@@ -113,6 +113,11 @@ if args.framework == "keras-tensorflow":
 
     from hvdkit.runtime import cuda_driver
 
+    # On (fake) GPUs hk.init leaves TensorFlow's threads alone and starts its runtime, which keeps that count for
+    # the rest of the process: in a pool, a later scenario's hk.init(threads=1) would then be refused. Started
+    # with 1, as every other pooled TensorFlow scenario asks.
+    if tf.config.threading.get_intra_op_parallelism_threads() != 1:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
     if args.driver:
         fake(tf.sysconfig, "get_build_info", lambda: {"is_cuda_build": True, "cuda_version": "12.5.1"})   # TF 2.21
     Fake = namedtuple("PhysicalDevice", "name device_type")
