@@ -1,4 +1,4 @@
-"""Train the classic Keras MNIST convnet data-parallel with hvdkit + Horovod.
+"""Train the Keras MNIST convnet data-parallel with hvdkit + Horovod.
 
     horovodrun -np 2 -H localhost:2 python examples/keras_mnist.py                      # Keras 3 on TensorFlow
     horovodrun -np 2 -H localhost:2 python examples/keras_mnist.py --backend torch      # Keras 3 on PyTorch
@@ -60,14 +60,13 @@ def build_model(keras):
     # No BatchNormalization in this model. In a model with it, use
     # hk.SyncBatchNormalization() in its place to normalise over every rank's batch
     # (same arguments; plain BatchNormalization keeps per-rank statistics).
-    return keras.Sequential([
+    return keras.Sequential([  # keras.io's "Simple MNIST convnet"
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPooling2D(2),
         keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.MaxPooling2D(2),
-        keras.layers.Dropout(0.25),
         keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
         keras.layers.Dropout(0.5),
         keras.layers.Dense(10, activation="softmax"),
     ])

@@ -480,7 +480,7 @@ def check_keras_example(np: int) -> dict:
     what imports). In the TensorFlow flavour Keras leaves jit_compile on "auto", which a GPU turns into XLA: the
     example must train with it and without a `hvdkit:` warning (a correct script gets none)."""
     status, out, seconds = run([str(BIN / "hvdkit"), "launch", "-np", str(np), "--", sys.executable,
-                                "examples/keras_mnist.py", "--epochs", "1", "--json"], 300)
+                                "examples/keras_mnist.py", "--epochs", "2", "--json"], 300)
     result = last_json(out)
     warnings = [line for line in out.replace("hvdkit launch", "").splitlines() if "hvdkit: " in line]
     ok = status == 0 and result.get("test_accuracy", 0) > ACCURACY and not warnings

@@ -128,7 +128,7 @@ def test_the_keras_example_in_float32_interrupted_twice_ends_as_close_as_another
     reference = run(4, "reference", pool=True)
     unfused_result = run(4, "unfused", env=job_env(HOROVOD_FUSION_THRESHOLD="0"))
     ckpts = tmp_path / "interrupted"
-    # An epoch takes 5-10 s: on 2 ranks SIGTERM once the second epoch has begun; on 3, resumed, once fit
+    # An epoch takes 1-3 s: on 2 ranks SIGTERM once the second epoch has begun; on 3, resumed, once fit
     # has begun the rest of that epoch.
     for ranks, resume, line in ((2, [], "Epoch 2/2"), (3, ["--resume"], "Epoch ")):
         output, _, code = signal_job(horovodrun_cmd(ranks, [*example, "--checkpoint-dir", str(ckpts), *resume], "gloo"),

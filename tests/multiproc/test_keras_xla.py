@@ -48,13 +48,13 @@ def test_fit_with_xla_ends_where_fit_without_it_does_and_xla_inside_a_custom_ste
 
 
 def _example(tmp_path, name, controller, sees_gpu):
-    """examples/keras_mnist.py as shipped, 1 epoch on 2 ranks: (output, its --json line, the saved weights)."""
+    """examples/keras_mnist.py as shipped, 2 epochs on 2 ranks: (output, its --json line, the saved weights)."""
     ckpt = tmp_path / f"{name}.npz"
     env = job_env(TF_CPP_MIN_LOG_LEVEL="0")      # TensorFlow's INFO line "Compiled cluster using XLA!"
     if sees_gpu:
         env["PYTHONPATH"] = f"{SEES_GPU}:{env['PYTHONPATH']}"
     cmd = hvdkit_launch_cmd(2, [str(ROOT / "examples" / "keras_mnist.py"), "--backend", "tensorflow",
-                                "--epochs", "1", "--checkpoint", str(ckpt), "--json"], controller=controller)
+                                "--epochs", "2", "--checkpoint", str(ckpt), "--json"], controller=controller)
     if controller == "mpi":            # hvdkit launch's default on one host: no controller flag
         cmd.remove("--mpi")
     proc = run_job(cmd, timeout=300, env=env)
@@ -74,7 +74,7 @@ def test_the_shipped_keras_example_with_jit_compile_auto_as_on_a_gpu(tmp_path):
     for controller in ("mpi", "gloo"):
         out, result, weights = _example(tmp_path, controller, controller, sees_gpu=True)
         assert "Compiled cluster using XLA" in out, out[-3000:]
-        assert result["test_accuracy"] > 0.8, result       # 1 epoch: 0.89 and 0.92 with XLA off, 2 runs
+        assert result["test_accuracy"] > 0.8, result       # 2 epochs: 0.94 with XLA off, either controller
         runs[controller] = weights
     diff = max(float(np.max(np.abs(runs["mpi"][k] - runs["gloo"][k]))) for k in runs["mpi"])
     assert diff < 1e-5, diff
