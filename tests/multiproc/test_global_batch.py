@@ -67,7 +67,9 @@ def largest_difference(a, b) -> float:
 # MPI here, Gloo in the two below: each controller at least once, at the cost of one schedule.
 @pytest.mark.parametrize("controller", ["mpi"])
 def test_torch_preempted_on_2_resumed_on_3_finished_on_1_ends_where_4_ranks_end(tmp_path, controller):
-    job(4, tmp_path / "reference", tmp_path / "unused", controller=controller)
+    # The uninterrupted reference under Gloo, a scenario of the 4-rank pool the tests below use: in float64 the
+    # controller's reduction order is far below the 1e-10 compared (the interrupted jobs run under MPI).
+    job(4, tmp_path / "reference", tmp_path / "unused", controller="gloo")
     reference = read_rank_results(tmp_path / "reference", 4, "")
     assert [r["size"] for r in reference] == [4] * 4 and reference[0]["done"] == STEPS
 

@@ -222,8 +222,9 @@ def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_exactly_on_another_size(tmp_p
     first, resumed = tmp_path / "first", tmp_path / "resumed"
     first.mkdir()
     resumed.mkdir()
-    proc = run_job(horovodrun_cmd(2, [worker, "--out", str(first), "--ckpt", ckpt, "--phase", "first",
-                                      "--scheduler", scheduler], controller), timeout=180)
+    # The first phase ends at exit 0 (a scenario of the 2-rank torch pool); the resume starts cold.
+    proc = run_horovodrun(2, [worker, "--out", str(first), "--ckpt", ckpt, "--phase", "first", "--scheduler",
+                              scheduler], controller, timeout=180, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     before = read_rank_results(first, 2, proc.stdout)
     proc = run_job(horovodrun_cmd(size, [worker, "--out", str(resumed), "--ckpt", ckpt, "--phase", "resume",
