@@ -12,7 +12,15 @@ import zipfile
 
 import pytest
 
-from tests.conftest import ROOT, WORKERS, horovodrun_cmd, hvdkit_launch_cmd, read_rank_results, run_job
+from tests.conftest import (
+    ROOT,
+    WORKERS,
+    horovodrun_cmd,
+    hvdkit_launch_cmd,
+    read_rank_results,
+    run_horovodrun,
+    run_job,
+)
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = str(ROOT / "examples" / "pytorch_mnist.py")
@@ -36,7 +44,8 @@ def test_a_damaged_copy_of_a_checkpoint_is_refused_on_every_rank_and_left_alone(
     """Before: a copy without its .sha256 sidecar loaded a 1e37 weight, trained to NaN, exited 0 and overwrote
     the checkpoint with NaN weights."""
     ckpt = tmp_path / "ckpt.pt"
-    proc = run_job(horovodrun_cmd(2, [EXAMPLE, "--epochs", "1", "--checkpoint", str(ckpt)]), timeout=240)
+    # The checkpoint from a whole run, a scenario of the 2-rank torch pool; the resume starts cold.
+    proc = run_horovodrun(2, [EXAMPLE, "--epochs", "1", "--checkpoint", str(ckpt)], timeout=240, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     copy = tmp_path / "copied" / "ckpt.pt"           # copied by a tool that knows nothing of hvdkit
     copy.parent.mkdir()
@@ -54,7 +63,7 @@ def test_a_damaged_copy_of_a_checkpoint_is_refused_on_every_rank_and_left_alone(
 
 def test_plain_torch_load_reads_a_checkpoint_for_inference(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
-    proc = run_job(horovodrun_cmd(1, [EXAMPLE, "--epochs", "1", "--checkpoint", str(ckpt)]), timeout=240)
+    proc = run_horovodrun(2, [EXAMPLE, "--epochs", "1", "--checkpoint", str(ckpt)], timeout=240, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     code = ("import sys, torch; sys.path.insert(0, 'examples'); from pytorch_mnist import Net; "
             f"state = torch.load({str(ckpt)!r}, map_location='cpu', weights_only=True); "
