@@ -63,6 +63,8 @@ def test_a_damaged_copy_of_a_checkpoint_is_refused_on_every_rank_and_left_alone(
 
 def test_plain_torch_load_reads_a_checkpoint_for_inference(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
+    # A checkpoint of a whole 2-rank run, a scenario of the torch pool; plain torch.load reads it in a process of
+    # its own.
     proc = run_horovodrun(2, [EXAMPLE, "--epochs", "1", "--checkpoint", str(ckpt)], timeout=240, pool="torch")
     assert proc.returncode == 0, proc.stdout[-3000:]
     code = ("import sys, torch; sys.path.insert(0, 'examples'); from pytorch_mnist import Net; "

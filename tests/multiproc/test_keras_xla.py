@@ -69,7 +69,7 @@ def _example(tmp_path, name, controller, sees_gpu):
 def test_the_shipped_keras_example_with_jit_compile_auto_as_on_a_gpu(tmp_path):
     # Both controllers, XLA compiling the step as on a GPU. Not against XLA off: Keras's Dropout draws other masks
     # under XLA from the same seed (TensorFlow's stateless RNG picks another algorithm there; seen here), and the
-    # example has two. The worker test above holds fit with XLA to fit without it, on a model without dropout.
+    # example has one. The worker test above holds fit with XLA to fit without it, on a model without dropout.
     runs = {}
     for controller in ("mpi", "gloo"):
         out, result, weights = _example(tmp_path, controller, controller, sees_gpu=True)
