@@ -15,17 +15,12 @@ def to_cpu(obj):
     A device tensor under several names (tied weights) is moved once, so the
     pickle holds it once and the names still share it, as CPU tensors do.
     """
-    moved = {}      # view -> (the tensor, kept alive; its CPU copy), as in host_copy
+    moved = {}
 
     def walk(o):
         if isinstance(o, torch.Tensor):
             t = o.detach()
-            view = None if t.device.type == "cpu" else _view_key(t)
-            if view is None:
-                return t.cpu()
-            if view not in moved:
-                moved[view] = (t, t.cpu())
-            return moved[view][1]
+            return t if t.device.type == "cpu" else _once_per_view(moved, t, lambda x: x.cpu())
         if isinstance(o, dict):
             return {k: walk(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
@@ -48,7 +43,7 @@ def host_copy(obj):
     each: the values load the same, unshared.
     """
     on_device = []
-    copies = {}       # view -> (the tensor, kept alive so that its address is not reused meanwhile; its copy)
+    copies = {}
 
     def copy_tensor(t: torch.Tensor) -> torch.Tensor:
         if t.device.type == "cpu":
@@ -62,13 +57,7 @@ def host_copy(obj):
 
     def walk(o):
         if isinstance(o, torch.Tensor):
-            t = o.detach()
-            view = _view_key(t)
-            if view is None:
-                return copy_tensor(t)
-            if view not in copies:
-                copies[view] = (t, copy_tensor(t))
-            return copies[view][1]
+            return _once_per_view(copies, o.detach(), copy_tensor)
         if isinstance(o, dict):
             out = copy.copy(o)            # the same mapping type (an OrderedDict, a defaultdict) with copied values
             for k, v in o.items():
@@ -84,6 +73,18 @@ def host_copy(obj):
     for device in {d for d in on_device if d.type == "cuda"}:
         torch.cuda.synchronize(device)
     return out
+
+
+def _once_per_view(made: dict, t: torch.Tensor, make):
+    """``make(t)``, made once per view of memory (:func:`_view_key`) and shared by every name that holds that view.
+
+    ``made`` maps a view to (the tensor, kept alive so that its address is not reused meanwhile; what was made)."""
+    view = _view_key(t)
+    if view is None:
+        return make(t)
+    if view not in made:
+        made[view] = (t, make(t))
+    return made[view][1]
 
 
 def _view_key(t: torch.Tensor):
