@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import WORKERS, horovodrun_cmd, hvdkit_launch_cmd, process_by_args, signal_job
+from tests.conftest import WORKERS, horovodrun_cmd, hvdkit_launch_cmd, process_by_args, run_job, signal_job
 
 pytestmark = pytest.mark.multiproc
 BOUND_S = 30
@@ -48,6 +48,26 @@ def test_sigkill_of_one_rank_ends_the_job(tmp_path, monkeypatch, launcher, contr
         # (the host as the launcher names it: the -H name under Gloo, the node's hostname under MPI)
         assert re.search(r"hvdkit launch: job failed: rank 1 on \S+, local rank 1 ended first: killed by SIGKILL",
                          out), out[-2000:]
+
+
+def test_a_rank_killed_mid_allreduce_under_gloo_fails_each_survivor_with_horovods_error_not_an_abort(tmp_path):
+    """Rank 3 of 4 dies by SIGKILL while a 16 MB allreduce is on the wire, under the Gloo controller: each
+    survivor must raise HorovodInternalError (what an elastic job resets from) and none may abort. Before
+    Horovod patch item 24, a survivor whose allreduce failed went on negotiating over the same connections,
+    got a peer's pending segment in its 8-byte receive and aborted in gloo's thread (`op.preamble.length <=
+    op.nbytes`, exit 134): in about 2 of 3 runs of this job, so the test runs it twice."""
+    for attempt in range(2):
+        out_dir = tmp_path / str(attempt)
+        out_dir.mkdir()
+        proc = run_job(horovodrun_cmd(4, [str(WORKERS / "torch_lost_peer.py"), "--out", str(out_dir)], "gloo"),
+                       timeout=120)
+        sizes = [json.loads((out_dir / f"pid{r}.json").read_text())["size"] for r in range(4)]
+        assert sizes == [4] * 4 and proc.returncode != 0, (sizes, proc.stdout[-3000:])
+        assert not re.search(r"terminate called|EnforceNotMet|exit with status code 134", proc.stdout), \
+            f"run {attempt + 1}: a survivor aborted\n{proc.stdout[-3000:]}"
+        for rank in range(3):
+            assert re.search(rf"rank {rank} got HorovodInternalError after 3 allreduces", proc.stdout), \
+                (attempt, rank, proc.stdout[-3000:])
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
