@@ -1,5 +1,5 @@
-"""Worker: 4 ranks allreduce a 16 MB tensor in a loop until Horovod fails; rank 3 SIGKILLs itself 50 ms into
-its fourth allreduce, while the data is on the wire (the negotiation before it takes a few milliseconds).
+"""Worker: 4 ranks allreduce a 16 MB tensor in a loop until Horovod fails; rank 3 SIGKILLs itself a quarter
+into its fourth allreduce (timed by its third), while the data is on the wire.
 
 Writes pid<rank>.json first. A survivor prints the error Horovod raised and exits 3 half a second later
 (an elastic job's background loop runs on that long, until its reset shuts Horovod down). Rank 0 runs at
@@ -28,14 +28,16 @@ if ctx.rank == 0:
     os.nice(19)
 write_result(args.out, ctx.rank, {"rank": ctx.rank, "size": ctx.size, "pid": os.getpid()}, prefix="pid")
 grads = torch.ones(4_000_000)
-step = 0
+step, took = 0, 0.0
 try:
     while True:
-        if ctx.rank == 3 and step == 3:
+        if ctx.rank == 3 and step == 3:     # a quarter into the allreduce, as long as the last one took
             hk.hvd.allreduce_async(grads, name="grads")
-            time.sleep(0.05)
+            time.sleep(took / 4)
             os.kill(os.getpid(), signal.SIGKILL)
+        start = time.perf_counter()
         hk.hvd.allreduce(grads, name="grads")
+        took = time.perf_counter() - start
         step += 1
 except HorovodInternalError as e:
     print(f"rank {ctx.rank} got HorovodInternalError after {step} allreduces: {str(e).splitlines()[0][:200]}",
