@@ -90,9 +90,9 @@ test-multihost: $(TEST_STAMP)
 test-multiproc: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m multiproc $(PYTEST_ARGS)
 
-# The GPU image without a GPU (root, about 30 min on 2 cores): a Docker engine started by hand,
+# The GPU image without a GPU (root, 16-36 min on 2 cores): a Docker engine started by hand,
 # Dockerfile.gpu built unmodified on a Debian 12 stand-in for NVIDIA's base, the image checked
-# (this build is the run's one compile of Horovod with NCCL), the compose cpu cluster trained.
+# (this build is the tiers' one compile of Horovod with NCCL), the compose cpu cluster trained.
 test-image: $(TEST_STAMP)
 	bash scripts/test-setup.sh --container
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
