@@ -92,7 +92,7 @@ test-multiproc: $(TEST_STAMP)
 
 # The GPU image without a GPU (root, 16-36 min on 2 cores): a Docker engine started by hand,
 # Dockerfile.gpu built unmodified on a Debian 12 stand-in for NVIDIA's base, the image checked
-# (this build is the tiers' one compile of Horovod with NCCL), the compose cpu cluster trained.
+# (with the TensorFlow flavour's, the project's only compiles of Horovod with NCCL), the compose cpu cluster trained.
 test-image: $(TEST_STAMP)
 	bash scripts/test-setup.sh --container
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
